@@ -1,0 +1,38 @@
+"""Autellix's policy core: the paper's algorithms, pure and deterministic.
+
+No I/O, no clock, no third-party import: time and engine load are arguments.
+The gateway, the vLLM scheduler plugin and the simulator all run this code.
+"""
+
+from __future__ import annotations
+
+from autellix.core.balancers import (
+    Balancer,
+    LeastUsedBalancer,
+    LocalityBalancer,
+    NoEngine,
+    RoundRobinBalancer,
+    Route,
+    balancer_from_config,
+    least_used_engine,
+)
+from autellix.core.config import BALANCERS, DEFAULT_CONFIG, POLICIES, ConfigError, SchedulerConfig
+from autellix.core.mlq import MultiLevelQueue, ProgramView, QueuedCall, QueueSpec
+from autellix.core.policies import ATLAS, FCFS, MLFQ, PLAS, Policy, policy_by_name
+from autellix.core.process_table import (
+    ActiveCall,
+    DuplicateProgram,
+    ProcessTable,
+    ProgramEntry,
+    UnknownCall,
+    UnknownProgram,
+)
+
+__all__ = [
+    "ATLAS", "BALANCERS", "DEFAULT_CONFIG", "FCFS", "MLFQ", "PLAS", "POLICIES",
+    "ActiveCall", "Balancer", "ConfigError", "DuplicateProgram", "LeastUsedBalancer",
+    "LocalityBalancer", "MultiLevelQueue", "NoEngine", "Policy", "ProcessTable",
+    "ProgramEntry", "ProgramView", "QueueSpec", "QueuedCall", "RoundRobinBalancer", "Route",
+    "SchedulerConfig", "UnknownCall", "UnknownProgram", "balancer_from_config",
+    "least_used_engine", "policy_by_name",
+]

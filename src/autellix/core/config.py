@@ -1,0 +1,155 @@
+"""The one typed model of Autellix's scheduling parameters.
+
+CLI flags, the gateway, the engine plugin, the CRD spec and the chart values all
+name and default a parameter here, once. Standard library only: the policy core
+imports nothing from outside it.
+
+Units
+-----
+* ``service`` (attained service, queue boundaries): seconds of model execution
+  time on a real engine; one unit per batch step in the unit-cost simulator.
+* ``quanta``: scheduler steps (one decode step, i.e. one token per running call).
+* ``beta``: dimensionless, (wait / service) ratio that triggers a promotion.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from itertools import pairwise
+from typing import Any
+
+POLICIES = ("atlas", "plas", "mlfq", "fcfs")
+BALANCERS = ("autellix", "least_used", "round_robin")
+
+
+class ConfigError(ValueError):
+    """A scheduling parameter is out of range or malformed."""
+
+
+def _floats(value: Any, name: str) -> tuple[float, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    try:
+        return tuple(float(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: expected a list of numbers, got {value!r}") from exc
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Policy, queues, anti-starvation and load-balancing parameters.
+
+    Defaults (the paper publishes none; docs/scheduling.md gives the reasoning):
+    five queues split at 0.5, 2, 8 and 32 seconds of attained service (x4
+    apart, as LAS schedulers such as Tiresias space them, so a program moves
+    down a queue only after its service grows four-fold), quanta of 64, 128,
+    256, 512 steps and unbounded in the last queue (a demoted call runs twice
+    as long before the next demotion, which bounds context switches per call
+    to about log2 of its length), and beta = 4.
+    """
+
+    policy: str = "atlas"
+    #: Lower bounds of Q2..QK in service units; Q1 starts at 0, QK ends at inf.
+    boundaries: tuple[float, ...] = (0.5, 2.0, 8.0, 32.0)
+    #: Steps a call may run in each queue before it is demoted; one per queue.
+    quanta: tuple[float, ...] = (64.0, 128.0, 256.0, 512.0, math.inf)
+    #: Promote a call to Q1 when (program wait + call wait) /
+    #: (program service + call model time) >= beta. ``inf`` disables it.
+    beta: float = 4.0
+    #: Load balancer: ``autellix`` (Algorithm 2), ``least_used`` or ``round_robin``.
+    balancer: str = "autellix"
+    #: Calls with more prompt tokens than this stick to their program's engine.
+    long_prompt_tokens: int = 2048
+    #: A program with no call for this long (seconds) is dropped from the table.
+    program_idle_ttl: float = 600.0
+    #: Engine plugin: re-plan the queues every N steps (1 = every step).
+    multi_step: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "boundaries", _floats(self.boundaries, "boundaries"))
+        object.__setattr__(self, "quanta", _floats(self.quanta, "quanta"))
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.balancer not in BALANCERS:
+            raise ConfigError(f"balancer: expected one of {', '.join(BALANCERS)}, got {self.balancer!r}")
+        bounds = self.boundaries
+        if any(not b > 0 for b in bounds) or any(a >= b for a, b in pairwise(bounds)):
+            raise ConfigError(f"boundaries: expected strictly increasing positive numbers, got {list(bounds)}")
+        if len(self.quanta) != len(bounds) + 1:
+            raise ConfigError(
+                f"quanta: expected {len(bounds) + 1} values (one per queue, {len(bounds)} boundaries), "
+                f"got {len(self.quanta)}"
+            )
+        if any(not q > 0 for q in self.quanta):
+            raise ConfigError(f"quanta: expected positive numbers, got {list(self.quanta)}")
+        if not self.beta > 0:
+            raise ConfigError(f"beta: expected a positive number or inf, got {self.beta}")
+        if self.long_prompt_tokens < 0:
+            raise ConfigError(f"long_prompt_tokens: expected >= 0, got {self.long_prompt_tokens}")
+        if not self.program_idle_ttl > 0:
+            raise ConfigError(f"program_idle_ttl: expected > 0 seconds, got {self.program_idle_ttl}")
+        if self.multi_step < 1:
+            raise ConfigError(f"multi_step: expected >= 1, got {self.multi_step}")
+
+    @property
+    def num_queues(self) -> int:
+        return len(self.quanta)
+
+    def with_overrides(self, **changes: Any) -> SchedulerConfig:
+        """A copy with the given fields replaced; ``None`` values are ignored."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> SchedulerConfig:
+        """Build from a dict (CRD spec, chart values, JSON); unknown keys are errors."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown scheduler parameter(s): {', '.join(unknown)}")
+        return cls(**{k: _coerce(k, v) for k, v in data.items()})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, prefix: str = "AUTELLIX_") -> SchedulerConfig:
+        """Read ``AUTELLIX_POLICY``, ``AUTELLIX_BETA``, ``AUTELLIX_QUANTA=64,128,...``, etc."""
+        environ = os.environ if environ is None else environ
+        data = {f.name: environ[prefix + f.name.upper()] for f in fields(cls) if prefix + f.name.upper() in environ}
+        return cls.from_mapping(data)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """JSON-friendly form (``inf`` as the string "inf")."""
+        def plain(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return [plain(x) for x in v]
+            if isinstance(v, float) and math.isinf(v):
+                return "inf"
+            return v
+
+        return {k: plain(v) for k, v in asdict(self).items()}
+
+    def to_env(self, prefix: str = "AUTELLIX_") -> dict[str, str]:
+        out = {}
+        for k, v in self.to_mapping().items():
+            out[prefix + k.upper()] = ",".join(map(str, v)) if isinstance(v, list) else str(v)
+        return out
+
+
+_INTS = {"long_prompt_tokens", "multi_step"}
+_FLOATS = {"beta", "program_idle_ttl"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    try:
+        if name in _INTS:
+            return int(value)
+        if name in _FLOATS:
+            return float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: expected a number, got {value!r}") from exc
+    return value
+
+
+DEFAULT_CONFIG = SchedulerConfig()
+__all__ = ["BALANCERS", "DEFAULT_CONFIG", "POLICIES", "ConfigError", "SchedulerConfig"]

@@ -1,0 +1,233 @@
+"""Algorithm 1: the discretised, preemptive multi-level queue.
+
+K queues Q1..QK (index 0..K-1 here). A call enters the queue whose service range
+holds its program's priority (or Q1 for program-agnostic policies), runs FCFS
+inside it, is demoted when it has used its queue's quantum, and is promoted back
+to Q1 when its program has waited ``beta`` times its service. A batch is the
+longest prefix of Q1..QK, in that order, that the engine can fit.
+
+The queue knows nothing of engines or clocks: the caller passes ``now`` and an
+``Engine``-specific ``fits`` test, and tells it which calls ran. Running calls
+stay in their queue slot, so a higher-queue arrival preempts the lowest-ranked
+running call simply by ranking ahead of it in the next batch.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from autellix.core.config import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """Queue layout: K-1 boundaries, K quanta (steps) and the starvation ratio."""
+
+    boundaries: tuple[float, ...]
+    quanta: tuple[float, ...]
+    beta: float
+
+    def __post_init__(self) -> None:
+        if len(self.quanta) != len(self.boundaries) + 1:
+            raise ValueError("a QueueSpec needs exactly one quantum per queue")
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> QueueSpec:
+        return cls(boundaries=config.boundaries, quanta=config.quanta, beta=config.beta)
+
+    @property
+    def num_queues(self) -> int:
+        return len(self.quanta)
+
+    def level_for(self, priority: float) -> int:
+        """Index of the queue whose range [lo, hi) holds ``priority``."""
+        return bisect_right(self.boundaries, priority)
+
+
+class ProgramView(NamedTuple):
+    """What the queue needs to know of a call's program, read live."""
+
+    priority: float  #: the program's current priority (attained service)
+    wait: float  #: queued time of its finished calls
+    service: float  #: attained service, the anti-starvation denominator
+
+
+#: Looks a program up by id. Engines without a process table answer from the
+#: request itself; the simulator answers from the shared ``ProcessTable``.
+ProgramLookup = Callable[[str], ProgramView]
+
+
+@dataclass(eq=False, slots=True)
+class QueuedCall:
+    """One LLM call inside the queues (Algorithm 1's ``c``)."""
+
+    call_id: Hashable
+    program_id: str
+    level: int
+    quantum_left: float
+    arrival: float
+    seq: int
+    #: Queued time and execution time since arrival or the last promotion
+    #: (Algorithm 1's ``c.wait`` and ``c.model_time``; reset on promotion).
+    wait: float = 0.0
+    model_time: float = 0.0
+    #: Never reset: what the process table is charged when the call leaves.
+    total_wait: float = 0.0
+    total_model_time: float = 0.0
+    steps: int = 0
+    running: bool = False
+    promoted: bool = False
+    promotions: int = 0
+    demotions: int = 0
+    payload: Any = None
+
+
+class MultiLevelQueue:
+    """The K queues, FCFS inside each, with demotion and program-level promotion."""
+
+    def __init__(self, spec: QueueSpec, lookup: ProgramLookup, *, places_by_priority: bool = True) -> None:
+        self.spec = spec
+        self.places_by_priority = places_by_priority
+        self._lookup = lookup
+        # Insertion-ordered dicts: FCFS iteration plus O(1) removal from anywhere.
+        self._queues: list[dict[Hashable, QueuedCall]] = [{} for _ in range(spec.num_queues)]
+        self._calls: dict[Hashable, QueuedCall] = {}
+        self._seq = 0
+        self._clock: float | None = None
+
+    # ---- membership -------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._calls
+
+    def __iter__(self) -> Iterator[QueuedCall]:
+        """Calls in scheduling order: Q1 first, FCFS inside each queue."""
+        for queue in self._queues:
+            yield from queue.values()
+
+    def get(self, call_id: Hashable) -> QueuedCall | None:
+        return self._calls.get(call_id)
+
+    def queue_lengths(self) -> list[int]:
+        return [len(q) for q in self._queues]
+
+    def _arrival_level(self, program_id: str) -> int:
+        if not self.places_by_priority:
+            return 0
+        return self.spec.level_for(self._lookup(program_id).priority)
+
+    def add(self, call_id: Hashable, program_id: str, now: float, payload: Any = None) -> QueuedCall:
+        """A call arrives (Algorithm 1, lines 9-14)."""
+        if call_id in self._calls:
+            raise KeyError(f"call {call_id!r} is already queued")
+        self.advance(now)
+        level = self._arrival_level(program_id)
+        call = QueuedCall(
+            call_id=call_id,
+            program_id=program_id,
+            level=level,
+            quantum_left=self.spec.quanta[level],
+            arrival=now,
+            seq=self._seq,
+            payload=payload,
+        )
+        self._seq += 1
+        self._calls[call_id] = call
+        self._queues[level][call_id] = call
+        return call
+
+    def remove(self, call_id: Hashable, now: float) -> QueuedCall:
+        """A call leaves (finished or aborted); its times are settled to ``now``."""
+        self.advance(now)
+        call = self._calls.pop(call_id)
+        del self._queues[call.level][call_id]
+        call.running = False
+        return call
+
+    def _move(self, call: QueuedCall, level: int) -> None:
+        del self._queues[call.level][call.call_id]
+        call.level = level
+        call.quantum_left = self.spec.quanta[level]
+        self._queues[level][call.call_id] = call
+
+    # ---- time -------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        """Charge the time since the last call: running calls run, others wait."""
+        if self._clock is None or now <= self._clock:
+            self._clock = now if self._clock is None else max(self._clock, now)
+            return
+        dt = now - self._clock
+        self._clock = now
+        for call in self._calls.values():
+            if call.running:
+                call.model_time += dt
+                call.total_model_time += dt
+            else:
+                call.wait += dt
+                call.total_wait += dt
+
+    def charge(self, batch: Iterable[QueuedCall], steps: int = 1) -> None:
+        """The batch ran ``steps`` scheduler steps: spend that much quantum."""
+        for call in batch:
+            call.quantum_left -= steps
+            call.steps += steps
+
+    # ---- one scheduling round ----------------------------------------------
+    def rebalance(self, now: float) -> None:
+        """Demotion, anti-starvation and placement (Algorithm 1, lines 15-31)."""
+        self.advance(now)
+        spec, last = self.spec, self.spec.num_queues - 1
+        check_starvation = not math.isinf(spec.beta)
+        for call in list(self._calls.values()):
+            if call.quantum_left <= 0:  # demotion; the last queue round-robins
+                call.demotions += 1
+                call.promoted = False
+                self._move(call, min(call.level + 1, last))
+            elif call.steps == 0 and not call.promoted and self.places_by_priority:
+                # Not started yet: follow the program's priority as it moves, so all
+                # waiting calls of one program sit at one level (ATLAS's shared priority).
+                level = self._arrival_level(call.program_id)
+                if level != call.level:
+                    self._move(call, level)
+            if check_starvation and call.level > 0:
+                program = self._lookup(call.program_id)
+                wait = program.wait + call.wait
+                service = program.service + call.model_time
+                if wait > 0 and (service <= 0 or wait >= spec.beta * service):
+                    call.wait = call.model_time = 0.0
+                    call.promoted = True
+                    call.promotions += 1
+                    self._move(call, 0)
+
+    def form_batch(self, fits: Callable[[QueuedCall], bool]) -> list[QueuedCall]:
+        """Walk Q1..QK in order and take calls until the first that does not fit.
+
+        Marks the chosen calls running and all others waiting; time from here to
+        the next ``advance`` is charged accordingly.
+        """
+        batch: list[QueuedCall] = []
+        for call in self:
+            if not fits(call):
+                break
+            batch.append(call)
+        chosen = {id(c) for c in batch}
+        for call in self._calls.values():
+            call.running = id(call) in chosen
+        return batch
+
+    # ---- checks -----------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Every call sits in exactly one queue, at the level it records."""
+        seen = 0
+        for level, queue in enumerate(self._queues):
+            for call_id, call in queue.items():
+                assert call.level == level, f"{call_id!r} recorded at {call.level}, queued at {level}"
+                assert self._calls.get(call_id) is call, f"{call_id!r} queued but not indexed"
+                seen += 1
+        assert seen == len(self._calls), "a call is indexed but not queued, or queued twice"

@@ -1,0 +1,230 @@
+"""The process table: one entry per live agent program.
+
+Like an OS process table, it holds what the scheduler and the load balancer need
+to reason about a whole program rather than one call: attained service (PLAS or
+ATLAS, per the policy), queued time, the engine it is pinned to, its active
+calls (threads) and when it last did anything. Time is always passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from autellix.core.mlq import ProgramView
+from autellix.core.policies.base import Policy
+
+
+class UnknownProgram(KeyError):
+    """No live program has this id (never started, ended, or expired)."""
+
+
+class DuplicateProgram(KeyError):
+    """A program with this id is already in the table."""
+
+
+class UnknownCall(KeyError):
+    """The program has no active call with this id."""
+
+
+@dataclass(slots=True)
+class ActiveCall:
+    """Thread metadata: one in-flight LLM call of a program."""
+
+    call_id: str
+    thread_id: str | None
+    arrival: float
+    #: The program's service when the call arrived (ATLAS's ``c.service``).
+    inherited: float
+    engine: str | None = None
+
+
+@dataclass(slots=True)
+class ProgramEntry:
+    program_id: str
+    created_at: float
+    #: Attained service: PLAS sums model time, ATLAS keeps the critical path.
+    service: float = 0.0
+    #: Queued (not executing) time of the program's finished calls.
+    waiting: float = 0.0
+    #: Engine the program is pinned to (Algorithm 2, long prompts).
+    pinned_engine: str | None = None
+    #: Every engine the program's calls have run on.
+    engines: set[str] = field(default_factory=set)
+    active: dict[str, ActiveCall] = field(default_factory=dict)
+    last_arrival: float | None = None
+    last_finish: float | None = None
+    calls_done: int = 0
+    calls_aborted: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    #: Who may see or end it (the gateway's API-key identity); None = anyone.
+    owner: str | None = None
+    #: Created on first use of an agent session header rather than POST /v1/sessions.
+    implicit: bool = False
+
+    @property
+    def last_activity(self) -> float:
+        return max(t for t in (self.created_at, self.last_arrival, self.last_finish) if t is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly view (the gateway's GET /v1/sessions/{id})."""
+        return {
+            "id": self.program_id,
+            "object": "autellix.session",
+            "created_at": self.created_at,
+            "service": self.service,
+            "waiting": self.waiting,
+            "pinned_engine": self.pinned_engine,
+            "engines": sorted(self.engines),
+            "calls_done": self.calls_done,
+            "calls_aborted": self.calls_aborted,
+            "calls_active": len(self.active),
+            "active": [
+                {"call_id": c.call_id, "thread_id": c.thread_id, "arrival": c.arrival,
+                 "inherited": c.inherited, "engine": c.engine}
+                for c in self.active.values()
+            ],
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "last_arrival": self.last_arrival,
+            "last_finish": self.last_finish,
+            "implicit": self.implicit,
+        }
+
+
+class ProcessTable:
+    """Live programs by id, updated as their calls arrive and finish."""
+
+    def __init__(self, policy: Policy, *, idle_ttl: float = math.inf) -> None:
+        self.policy = policy
+        self.idle_ttl = idle_ttl
+        self._programs: dict[str, ProgramEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def __contains__(self, program_id: object) -> bool:
+        return program_id in self._programs
+
+    def __iter__(self) -> Iterator[ProgramEntry]:
+        return iter(list(self._programs.values()))
+
+    def get(self, program_id: str) -> ProgramEntry | None:
+        return self._programs.get(program_id)
+
+    def __getitem__(self, program_id: str) -> ProgramEntry:
+        try:
+            return self._programs[program_id]
+        except KeyError:
+            raise UnknownProgram(program_id) from None
+
+    # ---- sessions ---------------------------------------------------------
+    def start(self, program_id: str, now: float, *, owner: str | None = None, implicit: bool = False) -> ProgramEntry:
+        if program_id in self._programs:
+            raise DuplicateProgram(program_id)
+        entry = ProgramEntry(program_id=program_id, created_at=now, owner=owner, implicit=implicit)
+        self._programs[program_id] = entry
+        return entry
+
+    def end(self, program_id: str) -> ProgramEntry:
+        entry = self[program_id]
+        del self._programs[program_id]
+        return entry
+
+    def expire(self, now: float) -> list[ProgramEntry]:
+        """Drop programs idle (no active call) for longer than the TTL."""
+        stale = [
+            e for e in self._programs.values()
+            if not e.active and now - e.last_activity > self.idle_ttl
+        ]
+        for entry in stale:
+            del self._programs[entry.program_id]
+        return stale
+
+    # ---- priorities -------------------------------------------------------
+    def priority(self, program_id: str) -> float:
+        """The priority every active call of the program shares right now."""
+        return self[program_id].service
+
+    def view(self, program_id: str) -> ProgramView:
+        """What the multi-level queue reads for placement and anti-starvation."""
+        entry = self[program_id]
+        return ProgramView(priority=entry.service, wait=entry.waiting, service=entry.service)
+
+    # ---- calls ------------------------------------------------------------
+    def call_arrived(
+        self, program_id: str, call_id: str, now: float, *, thread_id: str | None = None, engine: str | None = None
+    ) -> ActiveCall:
+        entry = self[program_id]
+        if call_id in entry.active:
+            raise KeyError(f"call {call_id!r} of program {program_id!r} is already active")
+        call = ActiveCall(call_id=call_id, thread_id=thread_id, arrival=now, inherited=entry.service, engine=engine)
+        entry.active[call_id] = call
+        entry.last_arrival = now
+        if engine is not None:
+            entry.engines.add(engine)
+        return call
+
+    def call_routed(self, program_id: str, call_id: str, engine: str) -> None:
+        """The call was (re)sent to ``engine`` (a retry after a failure moves it)."""
+        entry = self[program_id]
+        self._active(entry, call_id).engine = engine
+        entry.engines.add(engine)
+
+    def call_finished(
+        self,
+        program_id: str,
+        call_id: str,
+        now: float,
+        *,
+        model_time: float,
+        wait: float = 0.0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> ProgramEntry:
+        """Update attained service with the call's execution time (never its queueing)."""
+        if model_time < 0 or wait < 0:
+            raise ValueError("model_time and wait must be >= 0")
+        entry = self[program_id]
+        call = self._active(entry, call_id)
+        del entry.active[call_id]
+        entry.service = self.policy.attained_service(entry.service, call.inherited, model_time)
+        entry.waiting += wait
+        entry.calls_done += 1
+        entry.prompt_tokens += prompt_tokens
+        entry.completion_tokens += completion_tokens
+        entry.last_finish = now
+        return entry
+
+    def call_aborted(self, program_id: str, call_id: str, now: float, *, wait: float = 0.0) -> ProgramEntry:
+        """The call left without a result: its queueing counts, no service is earned."""
+        entry = self[program_id]
+        self._active(entry, call_id)
+        del entry.active[call_id]
+        entry.waiting += max(wait, 0.0)
+        entry.calls_aborted += 1
+        entry.last_finish = now
+        return entry
+
+    @staticmethod
+    def _active(entry: ProgramEntry, call_id: str) -> ActiveCall:
+        try:
+            return entry.active[call_id]
+        except KeyError:
+            raise UnknownCall(f"program {entry.program_id!r} has no active call {call_id!r}") from None
+
+    # ---- engines ----------------------------------------------------------
+    def pin(self, program_id: str, engine: str | None) -> None:
+        self[program_id].pinned_engine = engine
+
+    def drop_engine(self, engine: str) -> list[str]:
+        """An engine left the pool: free every pin to it. Returns the programs unpinned."""
+        freed = []
+        for entry in self._programs.values():
+            if entry.pinned_engine == engine:
+                entry.pinned_engine = None
+                freed.append(entry.program_id)
+        return freed

@@ -1,0 +1,70 @@
+import pytest
+
+from autellix.core import (
+    LeastUsedBalancer,
+    LocalityBalancer,
+    NoEngine,
+    ProcessTable,
+    RoundRobinBalancer,
+    SchedulerConfig,
+    balancer_from_config,
+    least_used_engine,
+    policy_by_name,
+)
+
+
+def test_least_used_breaks_ties_by_name():
+    assert least_used_engine({"b": 1, "a": 1, "c": 3}) == "a"
+    assert least_used_engine({"b": 0.5, "a": 1}) == "b"
+    with pytest.raises(NoEngine):
+        least_used_engine({})
+
+
+def test_short_calls_go_to_least_used_even_when_pinned():
+    lb = LocalityBalancer(long_prompt_tokens=2048)
+    route = lb.choose({"e1": 5, "e2": 1}, prompt_tokens=2048, pinned="e1")
+    assert route.engine == "e2" and route.pin == "e1"  # the pin is kept for later long calls
+
+
+def test_long_calls_pin_on_first_use_and_stick():
+    lb = LocalityBalancer(long_prompt_tokens=2048)
+    first = lb.choose({"e1": 3, "e2": 1}, prompt_tokens=2049, pinned=None)
+    assert first.engine == "e2" and first.pin == "e2"
+    later = lb.choose({"e1": 0, "e2": 9}, prompt_tokens=5000, pinned=first.pin)
+    assert later.engine == "e2" and later.pin == "e2"
+
+
+def test_a_removed_pinned_engine_frees_the_pin():
+    lb = LocalityBalancer(long_prompt_tokens=100)
+    route = lb.choose({"e1": 4, "e3": 2}, prompt_tokens=500, pinned="e2")
+    assert route == ("e3", "e3")
+    short = lb.choose({"e1": 4, "e3": 2}, prompt_tokens=5, pinned="e2")
+    assert short.pin is None
+
+
+def test_algorithm2_with_the_process_table():
+    table = ProcessTable(policy_by_name("atlas"))
+    table.start("p", now=0.0)
+    lb = balancer_from_config(SchedulerConfig(long_prompt_tokens=1000))
+    loads = {"e1": 0.0, "e2": 0.0}
+    # short: least used; long: pins to the least used (e2), then sticks even when e2 is busier
+    for prompt, expected in [(10, "e1"), (3000, "e2"), (10, "e1"), (3000, "e2"), (3000, "e2")]:
+        route = lb.choose(loads, prompt_tokens=prompt, pinned=table["p"].pinned_engine)
+        table.pin("p", route.pin)
+        assert route.engine == expected
+        loads[route.engine] += 1
+    assert loads == {"e1": 2.0, "e2": 3.0}
+    table.drop_engine("e2")
+    route = lb.choose({"e1": 7.0, "e3": 8.0}, prompt_tokens=3000, pinned=table["p"].pinned_engine)
+    assert route == ("e1", "e1")
+
+
+def test_baselines():
+    rr = RoundRobinBalancer()
+    loads = {"b": 0, "a": 10}
+    assert [rr.choose(loads, prompt_tokens=9999, pinned=None).engine for _ in range(3)] == ["a", "b", "a"]
+    with pytest.raises(NoEngine):
+        rr.choose({}, prompt_tokens=1, pinned=None)
+    lu = LeastUsedBalancer()
+    assert lu.choose({"a": 3, "b": 2}, prompt_tokens=99999, pinned="a") == ("b", "a")
+    assert isinstance(balancer_from_config(SchedulerConfig(balancer="round_robin")), RoundRobinBalancer)

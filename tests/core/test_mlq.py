@@ -1,0 +1,88 @@
+import math
+
+from autellix.core import MultiLevelQueue, ProgramView, QueueSpec
+
+SPEC = QueueSpec(boundaries=(10.0, 100.0), quanta=(2.0, 4.0, math.inf), beta=math.inf)
+
+
+def lookup_from(programs: dict[str, ProgramView]):
+    return programs.__getitem__
+
+
+def take(n):
+    taken = []
+
+    def fits(call):
+        taken.append(call)
+        return len(taken) <= n
+
+    return fits
+
+
+def test_arrival_placement_by_program_priority():
+    programs = {"new": ProgramView(0, 0, 0), "mid": ProgramView(10, 0, 10), "old": ProgramView(500, 0, 500)}
+    q = MultiLevelQueue(SPEC, lookup_from(programs))
+    for pid in ("old", "mid", "new"):
+        q.add(pid, pid, now=0.0)
+    assert [c.call_id for c in q] == ["new", "mid", "old"]
+    assert q.queue_lengths() == [1, 1, 1]
+    assert [c.quantum_left for c in q] == [2.0, 4.0, math.inf]
+
+
+def test_classic_mlfq_places_every_call_in_q1():
+    programs = {"old": ProgramView(500, 0, 500)}
+    q = MultiLevelQueue(SPEC, lookup_from(programs), places_by_priority=False)
+    assert q.add("c", "old", now=0.0).level == 0
+
+
+def test_fcfs_inside_a_queue_and_batch_stops_at_first_misfit():
+    q = MultiLevelQueue(SPEC, lambda pid: ProgramView(0, 0, 0))
+    for i in range(4):
+        q.add(i, f"p{i}", now=float(i))
+    assert [c.call_id for c in q.form_batch(take(2))] == [0, 1]
+    # a misfit stops the walk even if later calls would fit
+    assert [c.call_id for c in q.form_batch(lambda c: c.call_id != 1)] == [0]
+
+
+def test_demotion_after_quantum_and_preemption_by_a_newcomer():
+    q = MultiLevelQueue(SPEC, lambda pid: ProgramView(0, 0, 0))
+    q.add("long", "a", now=0.0)
+    for t in range(2):
+        q.rebalance(float(t))
+        batch = q.form_batch(take(1))
+        assert [c.call_id for c in batch] == ["long"]
+        q.advance(t + 1.0)
+        q.charge(batch)
+    q.add("short", "b", now=2.0)
+    q.rebalance(2.0)
+    assert q.get("long").level == 1 and q.get("long").demotions == 1
+    assert [c.call_id for c in q.form_batch(take(1))] == ["short"]  # "long" is preempted
+    assert q.get("long").model_time == 2.0 and q.get("long").wait == 0.0
+    q.advance(3.0)
+    assert q.get("long").wait == 1.0  # waiting while preempted
+
+
+def test_anti_starvation_promotes_and_resets_only_the_call():
+    programs = {"old": ProgramView(priority=50, wait=30, service=50), "new": ProgramView(0, 0, 0)}
+    spec = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=1.0)
+    q = MultiLevelQueue(spec, lookup_from(programs))
+    starving = q.add("s", "old", now=0.0)
+    q.add("n", "new", now=0.0)
+    assert starving.level == 1
+    for t in range(25):  # "n" holds the only slot; "s" waits
+        q.rebalance(float(t))
+        q.form_batch(take(1))
+        if starving.level == 0:
+            break
+    # (30 + wait) / 50 >= 1 once wait reaches 20
+    assert starving.level == 0 and starving.promotions == 1
+    assert starving.wait == 0.0 and starving.total_wait == 20.0
+
+
+def test_remove_settles_times_and_checks_membership():
+    q = MultiLevelQueue(SPEC, lambda pid: ProgramView(0, 0, 0))
+    q.add("c", "p", now=0.0)
+    q.form_batch(take(1))
+    done = q.remove("c", now=3.0)
+    assert done.total_model_time == 3.0 and "c" not in q and len(q) == 0
+    q.check_invariants()

@@ -1,0 +1,100 @@
+import pytest
+
+from autellix.core import ATLAS, PLAS, DuplicateProgram, ProcessTable, UnknownCall, UnknownProgram
+
+
+def test_session_life_cycle():
+    table = ProcessTable(PLAS())
+    entry = table.start("p", now=1.0)
+    assert table.get("p") is entry and len(table) == 1
+    with pytest.raises(DuplicateProgram):
+        table.start("p", now=2.0)
+    assert table.end("p") is entry
+    assert "p" not in table
+    with pytest.raises(UnknownProgram):
+        table.end("p")
+    with pytest.raises(UnknownProgram):
+        table.call_arrived("p", "c", now=3.0)
+
+
+def test_plas_sums_model_time_and_keeps_waiting_apart():
+    table = ProcessTable(PLAS())
+    table.start("p", now=0.0)
+    for i, (model_time, wait) in enumerate([(2.0, 1.0), (3.0, 0.5)]):
+        call = table.call_arrived("p", f"c{i}", now=float(i), thread_id="t0", engine="e1")
+        assert call.inherited == table.priority("p")
+        table.call_finished("p", f"c{i}", now=i + 0.5, model_time=model_time, wait=wait, completion_tokens=7)
+    entry = table["p"]
+    assert entry.service == 5.0 and entry.waiting == 1.5
+    assert entry.calls_done == 2 and entry.completion_tokens == 14
+    assert entry.engines == {"e1"} and entry.last_finish == 1.5 and entry.last_arrival == 1.0
+    assert not entry.active
+
+
+def test_atlas_keeps_the_critical_path_not_the_sum():
+    table = ProcessTable(ATLAS())
+    table.start("p", now=0.0)
+    table.call_arrived("p", "root", now=0.0)
+    table.call_finished("p", "root", now=2.0, model_time=2.0)
+    for child in ("a", "b", "c"):  # three parallel children inherit 2.0
+        table.call_arrived("p", child, now=2.0)
+    table.call_finished("p", "a", now=3.0, model_time=1.0)
+    assert table.priority("p") == 3.0
+    table.call_finished("p", "b", now=6.0, model_time=4.0)
+    assert table.priority("p") == 6.0
+    table.call_finished("p", "c", now=7.0, model_time=2.0)  # shorter path: no change
+    assert table.priority("p") == 6.0
+
+
+def test_abort_counts_wait_but_no_service():
+    table = ProcessTable(PLAS())
+    table.start("p", now=0.0)
+    table.call_arrived("p", "c", now=0.0)
+    table.call_aborted("p", "c", now=1.0, wait=0.7)
+    entry = table["p"]
+    assert entry.service == 0.0 and entry.waiting == 0.7 and entry.calls_aborted == 1
+    with pytest.raises(UnknownCall):
+        table.call_finished("p", "c", now=2.0, model_time=1.0)
+
+
+def test_bad_times_change_nothing():
+    table = ProcessTable(PLAS())
+    table.start("p", now=0.0)
+    table.call_arrived("p", "c", now=0.0)
+    with pytest.raises(ValueError):
+        table.call_finished("p", "c", now=1.0, model_time=-1.0)
+    assert "c" in table["p"].active and table["p"].service == 0.0
+
+
+def test_idle_programs_expire_but_busy_ones_stay():
+    table = ProcessTable(PLAS(), idle_ttl=10.0)
+    table.start("idle", now=0.0)
+    table.start("busy", now=0.0)
+    table.call_arrived("busy", "c", now=1.0)
+    table.start("recent", now=0.0)
+    table.call_arrived("recent", "c", now=1.0)
+    table.call_finished("recent", "c", now=8.0, model_time=1.0)
+    expired = table.expire(now=12.0)
+    assert [e.program_id for e in expired] == ["idle"]
+    assert {e.program_id for e in table} == {"busy", "recent"}
+    assert [e.program_id for e in table.expire(now=18.5)] == ["recent"]
+
+
+def test_dropping_an_engine_frees_its_pins():
+    table = ProcessTable(ATLAS())
+    for pid, engine in [("a", "e1"), ("b", "e2"), ("c", "e1")]:
+        table.start(pid, now=0.0)
+        table.pin(pid, engine)
+    assert sorted(table.drop_engine("e1")) == ["a", "c"]
+    assert table["a"].pinned_engine is None and table["b"].pinned_engine == "e2"
+
+
+def test_to_dict_is_json_ready():
+    import json
+
+    table = ProcessTable(ATLAS())
+    table.start("p", now=0.0, owner="key1")
+    table.call_arrived("p", "c", now=1.0, thread_id="t", engine="e")
+    data = json.loads(json.dumps(table["p"].to_dict()))
+    assert data["id"] == "p" and data["calls_active"] == 1 and data["active"][0]["thread_id"] == "t"
+    assert "owner" not in data  # the owner identity is never exposed
