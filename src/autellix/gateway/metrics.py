@@ -1,0 +1,54 @@
+"""Prometheus metrics of the gateway, in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from autellix.sim.metrics import jain_index
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class _Live(Collector):
+    """Values read at scrape time: live programs, per-engine in-flight, fairness."""
+
+    def __init__(self, programs: Callable[[], list[tuple[float, float]]], inflight: Callable[[], dict[str, int]]):
+        self._programs, self._inflight = programs, inflight
+
+    def collect(self):
+        ratios = self._programs()
+        yield GaugeMetricFamily("autellix_live_programs", "Programs in the process table", value=len(ratios))
+        fairness = [wait / service for wait, service in ratios if service > 0]
+        yield GaugeMetricFamily(
+            "autellix_fairness_jain_index",
+            "Jain's index of active programs' wait/service ratios (1 = perfectly even)",
+            value=jain_index(fairness) if fairness else 1.0,
+        )
+        g = GaugeMetricFamily("autellix_engine_inflight", "Calls in flight per engine", labels=["engine"])
+        for engine, n in self._inflight().items():
+            g.add_metric([engine], n)
+        yield g
+
+
+class GatewayMetrics:
+    def __init__(self, programs: Callable[[], list[tuple[float, float]]],
+                 inflight: Callable[[], dict[str, int]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("autellix_requests", "Requests by route and status", ["route", "status"], registry=r)
+        self.errors = Counter("autellix_errors", "Error responses by route and code", ["route", "code"], registry=r)
+        self.added_latency = Histogram("autellix_gateway_added_latency_seconds",
+                                       "Gateway time before a call is sent upstream", buckets=LATENCY_BUCKETS,
+                                       registry=r)
+        self.retries = Counter("autellix_upstream_retries", "Calls moved to another engine", registry=r)
+        self.call_wait = Histogram("autellix_call_waiting_seconds", "Per-call time not executing (queued)",
+                                   buckets=WAIT_BUCKETS, registry=r)
+        self.token_latency = Histogram("autellix_program_token_latency_seconds",
+                                       "Program response time / generated tokens, at session end",
+                                       buckets=WAIT_BUCKETS, registry=r)
+        r.register(_Live(programs, inflight))
