@@ -148,7 +148,6 @@ class Gateway:
             for _ in range(self.config.max_attempts):
                 engine, upstream = await self._dispatch(program_id, call_id, path, upstream_body, headers,
                                                         prompt_tokens, received, tried)
-                self.pool.begin(engine)
                 try:
                     if stream and upstream.status == 200:
                         response, outcome = await relay_stream(request, upstream, client_wants_usage=wants_usage)
@@ -185,9 +184,13 @@ class Gateway:
             self.table.call_routed(program_id, call_id, route.engine)
             if attempt == 0 and not tried:
                 self.metrics.added_latency.observe(time.monotonic() - received)
+            # Counted in flight from now, not from the engine's first byte: concurrent
+            # calls must see each other's load when they are routed.
+            self.pool.begin(route.engine)
             try:
                 return route.engine, await open_upstream(self.http, route.engine + path, body, headers)
             except EngineUnreachable as exc:
+                self.pool.end(route.engine)
                 log.warning("call %s: engine %s unreachable (%s); trying another", call_id, route.engine, exc)
                 self.pool.mark_failed(route.engine)
                 self.metrics.retries.inc()
