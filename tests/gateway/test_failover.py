@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import openai
 
@@ -13,6 +14,10 @@ from tests.gateway.conftest import MODEL, engines, gateway, http
 
 def test_killing_an_engine_loses_no_program(engine_logs) -> None:
     with engines(2, engine_logs) as pair, gateway([e.url for e in pair]) as base:
+        deadline = time.monotonic() + 60  # /ready needs one engine; this test needs both in the pool
+        while len(http("GET", base + "/ready")[1]["engines"]) < 2:
+            assert time.monotonic() < deadline, "second engine never joined the pool"
+            time.sleep(0.2)
 
         async def program(i: int) -> tuple[int, int, list[str]]:
             sid = http("POST", f"{base}/v1/sessions")[1]["id"]
@@ -32,7 +37,18 @@ def test_killing_an_engine_loses_no_program(engine_logs) -> None:
         async def run_all() -> list[tuple[int, int, list[str]]]:
             return await asyncio.gather(*(program(i) for i in range(50)))
 
-        killer = threading.Timer(0.8, kill_engine, args=[pair[1]])
+        def kill_when_busy() -> None:
+            """Kill the second engine while it holds calls (gateway's in-flight gauge)."""
+            needle = f'autellix_engine_inflight{{engine="{pair[1].url}"}} '
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                lines = http("GET", base + "/metrics")[1]["text"].splitlines()
+                if any(ln.startswith(needle) and float(ln.split()[-1]) >= 3 for ln in lines):
+                    break
+                time.sleep(0.02)
+            kill_engine(pair[1])
+
+        killer = threading.Thread(target=kill_when_busy)
         killer.start()
         results = asyncio.run(run_all())
         killer.join()
