@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -183,6 +182,3 @@ class EnginePool:
                 engine.seconds_per_token = 0.7 * engine.seconds_per_token + 0.3 * (d_seconds / d_tokens)
         engine.inference_seconds, engine.generation_tokens = seconds, tokens
 
-
-def monotonic() -> float:
-    return time.monotonic()
