@@ -100,14 +100,55 @@ def up(
     port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
     engines: Annotated[int, typer.Option(min=1, help="Local vLLM engines to start")] = 1,
     policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs")] = None,
-    scheduler: Annotated[str, typer.Option(help="Engine scheduler: vllm-priority or fcfs")] = "vllm-priority",
+    scheduler: Annotated[str, typer.Option(help="Engine scheduler: autellix, vllm-priority or fcfs")] = "autellix",
     engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vLLM argument (repeatable)")] = (
         None
     ),
     engine_port: Annotated[int, typer.Option(help="First engine port")] = 8100,
 ) -> None:
     """The embedded default: local vLLM engines (tiny model) plus the gateway."""
+    from autellix.engine.launch import SCHEDULERS
     from autellix.launcher import run_local
 
+    if scheduler not in SCHEDULERS:
+        raise _fail(f"unknown engine scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
     run_local(port=port, engines=engines, scheduler_config=_scheduler_config(policy, None, None),
               engine_scheduler=scheduler, engine_args=list(engine_arg or []), first_engine_port=engine_port)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def engine(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(help="Model path or name (default: the local tiny model)")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8100,
+    scheduler: Annotated[str, typer.Option(help="autellix, vllm-priority or fcfs")] = "autellix",
+    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
+    beta: Annotated[float | None, typer.Option(help="Anti-starvation ratio")] = None,
+    quanta: Annotated[str | None, typer.Option(help="Steps per queue, e.g. 64,128,256,512,inf")] = None,
+    boundaries: Annotated[str | None, typer.Option(help="Queue boundaries in seconds of service")] = None,
+    multi_step: Annotated[int | None, typer.Option(min=1, help="Re-plan the queues every N steps")] = None,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Tiny model: running calls per batch")] = 64,
+) -> None:
+    """Run one vLLM OpenAI server with Autellix's scheduler. Arguments after the
+    options (or after --) go to vLLM unchanged."""
+    import os
+
+    from autellix.core import ConfigError, SchedulerConfig
+    from autellix.engine.launch import SCHEDULERS, engine_env, server_command, tiny_model_args
+    from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+
+    if scheduler not in SCHEDULERS:
+        raise _fail(f"unknown engine scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+    try:
+        config = SchedulerConfig.from_env().with_overrides(policy=policy, beta=beta, quanta=quanta,
+                                                           boundaries=boundaries, multi_step=multi_step)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    extra = list(ctx.args)
+    if model is None:
+        model = str(build_tiny_model(default_model_dir()))
+        extra = tiny_model_args(max_num_seqs=max_num_seqs) + extra
+    cmd = server_command(model, port, host=host, scheduler=scheduler, extra_args=extra)
+    typer.echo(" ".join(cmd), err=True)
+    os.execvpe(cmd[0], cmd, engine_env(port, config))  # the engine replaces this process: signals reach it

@@ -24,7 +24,8 @@ def run_local(*, port: int, engines: int, scheduler_config: SchedulerConfig, eng
     try:
         for i in range(engines):
             started.append(start_engine(first_engine_port + i, log_dir=log_dir, model_dir=model_dir,
-                                        scheduler=engine_scheduler, extra_args=engine_args))
+                                        scheduler=engine_scheduler, extra_args=engine_args,
+                                        config=scheduler_config))
         wait_ready(started)
         url = f"http://127.0.0.1:{port}"
         console.print(f"[green]ready[/]: OpenAI endpoint {url}/v1 (model {SERVED_MODEL!r}), "

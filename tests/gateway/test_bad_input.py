@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.gateway.conftest import chat, gateway, http
 from tests.gateway.test_sessions_and_openai import live_programs
+from tests.live import chat, gateway, http
 
 BIG = 64 * 1024
 

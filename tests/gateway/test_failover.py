@@ -9,7 +9,7 @@ import time
 import openai
 
 from autellix.engine.launch import kill_engine
-from tests.gateway.conftest import MODEL, engines, gateway, http
+from tests.live import MODEL, engines, gateway, http
 
 
 def test_killing_an_engine_loses_no_program(engine_logs) -> None:

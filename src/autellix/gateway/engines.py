@@ -19,6 +19,9 @@ from typing import Protocol
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from autellix.engine.feedback import CALLS_PATH as FEEDBACK_CALLS
+from autellix.engine.feedback import INFO_PATH as FEEDBACK_INFO
+
 log = logging.getLogger("autellix.gateway.engines")
 
 #: Model seconds per generated token before an engine's metrics say otherwise.
@@ -54,6 +57,9 @@ class EngineState:
     inference_seconds: float | None = None
     generation_tokens: float | None = None
     seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN
+    #: The engine runs Autellix's scheduler: each call's exact model time can
+    #: be read back from it (``autellix.engine.feedback``).
+    feedback: bool = False
 
     @property
     def load(self) -> float:
@@ -110,6 +116,19 @@ class EnginePool:
             engine.failures += 1
             log.warning("engine %s failed; out of the pool until healthy", url)
 
+    async def call_record(self, url: str, call_id: str) -> dict | None:
+        """The plugin's record of a finished call (its model time), if the engine
+        runs Autellix's scheduler; None otherwise or if it does not come in time."""
+        engine = self.engines.get(url)
+        if engine is None or not engine.feedback:
+            return None
+        try:
+            async with self.http.get(f"{url}{FEEDBACK_CALLS}{call_id}", params={"wait": "1"},
+                                     timeout=aiohttp.ClientTimeout(total=3)) as r:
+                return await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
     def seconds_per_token(self, url: str) -> float:
         engine = self.engines.get(url)
         return engine.seconds_per_token if engine else DEFAULT_SECONDS_PER_TOKEN
@@ -161,6 +180,8 @@ class EnginePool:
                 if not engine.models or not engine.healthy:
                     async with self.http.get(engine.url + "/v1/models", timeout=timeout) as r:
                         engine.models = (await r.json()).get("data", [])
+                    async with self.http.get(engine.url + FEEDBACK_INFO, timeout=timeout) as r:
+                        engine.feedback = r.status == 200
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             if engine.healthy:
                 log.warning("engine %s unhealthy: %r", engine.url, exc)

@@ -46,6 +46,8 @@ class GatewayMetrics:
                                        "Gateway time before a call is sent upstream", buckets=LATENCY_BUCKETS,
                                        registry=r)
         self.retries = Counter("autellix_upstream_retries", "Calls moved to another engine", registry=r)
+        self.model_time_source = Counter("autellix_model_time_source",
+                                         "Finished calls by where their model time came from", ["source"], registry=r)
         self.call_wait = Histogram("autellix_call_waiting_seconds", "Per-call time not executing (queued)",
                                    buckets=WAIT_BUCKETS, registry=r)
         self.token_latency = Histogram("autellix_program_token_latency_seconds",

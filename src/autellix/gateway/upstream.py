@@ -9,6 +9,7 @@ with an explicit SSE error event instead of a silent truncation.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +79,15 @@ STREAM_CUT = orjson.dumps({"error": {
 
 
 async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
-                       *, client_wants_usage: bool) -> tuple[web.StreamResponse, Outcome]:
+                       *, client_wants_usage: bool,
+                       on_done: Callable[[Outcome], Awaitable[None]] | None = None,
+                       ) -> tuple[web.StreamResponse, Outcome]:
     """Pass SSE events through as they come; read usage from the final chunk.
 
     The gateway asks the engine for a usage chunk; if the client did not, that
     chunk (empty ``choices``) is dropped so the client sees what it asked for.
+    ``on_done`` runs before the closing ``[DONE]`` goes out, so a client that
+    reads its session right after a stream sees the call already settled.
     """
     response = web.StreamResponse(status=upstream.status, headers=_copy_headers(upstream))
     outcome = Outcome(upstream.status)
@@ -91,7 +96,10 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
         async for line in upstream.content:
             if not response.prepared:  # headers go out with the first event, so an
                 await response.prepare(request)  # engine dying before it can still be retried
-            done = done or line.startswith(b"data: [DONE]")
+            if not done and line.startswith(b"data: [DONE]"):
+                done = True
+                if on_done is not None:
+                    await on_done(outcome)
             if line.startswith(b"data: {") and b'"usage":{' in line:
                 chunk = orjson.loads(line[6:])
                 outcome.read_usage(chunk)

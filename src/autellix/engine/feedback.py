@@ -1,0 +1,169 @@
+"""The execution-time channel: from the scheduler plugin to the gateway.
+
+The gateway charges a program the model execution time of each finished call.
+vLLM's own per-request timing (the response's ``metrics``) counts from the
+first schedule to the last token, so time a call spends preempted counts as
+execution; under a preemptive scheduler that is exactly the error to avoid.
+The plugin measures it where it happens: the sum of the engine steps each call
+ran in. The scheduler lives in vLLM's EngineCore process, the HTTP server in
+another, so the record crosses over a local ZeroMQ socket (vLLM's own IPC
+library) to a small ASGI middleware in the API server, which serves it on the
+engine's own port:
+
+* ``GET /autellix/v1/calls/{call_id}?wait=S``: the record of a finished call
+  (read once: it is removed), waiting up to ``S`` seconds for it to arrive; 404
+  when there is none.
+* ``GET /autellix/v1/info``: the plugin's scheduler and parameters, 404 while
+  no Autellix scheduler runs behind this server.
+
+The engine is started with ``--middleware autellix.engine.feedback.FeedbackMiddleware``
+and both processes find the socket through ``AUTELLIX_FEEDBACK_ADDR``
+(``autellix engine`` sets both). One API server process per engine: with
+``--api-server-count`` above 1 only one of them could bind the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("autellix.engine.feedback")
+
+ENV_ADDR = "AUTELLIX_FEEDBACK_ADDR"
+PREFIX = "/autellix/v1/"
+#: What the gateway asks an engine (``autellix.gateway.engines``).
+INFO_PATH, CALLS_PATH = PREFIX + "info", PREFIX + "calls/"
+#: Unread records kept; a gateway that never asks cannot make the server grow.
+MAX_RECORDS = 100_000
+
+
+def feedback_addr_for(port: int, directory: str | None = None) -> str:
+    """The socket of the engine serving on ``port``: one per engine on a host."""
+    base = directory or os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    return f"ipc://{base}/autellix-feedback-{port}.sock"
+
+
+class FeedbackPublisher:
+    """EngineCore side: sends records, never blocks the scheduler."""
+
+    def __init__(self, addr: str) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, MAX_RECORDS)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(addr)  # queues until the API server binds
+        self.dropped = 0
+
+    @classmethod
+    def from_env(cls) -> FeedbackPublisher | None:
+        addr = os.environ.get(ENV_ADDR)
+        return cls(addr) if addr else None
+
+    def publish(self, kind: str, body: dict[str, Any]) -> None:
+        try:
+            self._socket.send(orjson.dumps({"kind": kind, **body}), flags=self._zmq.NOBLOCK)
+        except self._zmq.Again:
+            self.dropped += 1  # the server is gone or far behind: the gateway falls back
+
+
+class FeedbackStore:
+    """API-server side: receives records on a thread, answers lookups."""
+
+    def __init__(self, addr: str) -> None:
+        import zmq
+
+        self.info: dict[str, Any] | None = None
+        self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(addr)
+        threading.Thread(target=self._receive, name="autellix-feedback", daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                message = orjson.loads(self._socket.recv())
+            except Exception:  # a closed context at exit, or a malformed record
+                log.debug("feedback receive stopped", exc_info=True)
+                if self._socket.closed:
+                    return
+                continue
+            kind = message.pop("kind", None)
+            if kind == "hello":
+                self.info = message
+            elif kind == "call" and isinstance(message.get("call"), str):
+                with self._lock:
+                    self._records[message["call"]] = message
+                    while len(self._records) > MAX_RECORDS:
+                        self._records.popitem(last=False)
+
+    def take(self, call_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._records.pop(call_id, None)
+
+    async def wait_for(self, call_id: str, timeout: float) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout
+        while (record := self.take(call_id)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        return record
+
+
+class FeedbackMiddleware:
+    """ASGI middleware for vLLM's API server (``--middleware``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        addr = os.environ.get(ENV_ADDR)
+        self.store = FeedbackStore(addr) if addr else None
+        if self.store is None:
+            log.warning("%s is not set: the Autellix feedback endpoints answer 404", ENV_ADDR)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+            await self.app(scope, receive, send)
+            return
+        status, body = await self._answer(scope)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": orjson.dumps(body)})
+
+    async def _answer(self, scope: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if scope["method"] != "GET":
+            return 405, _error(405, "Only GET is allowed here.", "method_not_allowed")
+        path = scope["path"][len(PREFIX):]
+        if path == "info":
+            if self.store is None or self.store.info is None:
+                return 404, _error(404, "No Autellix scheduler runs behind this server.", "not_found")
+            return 200, self.store.info
+        if path.startswith("calls/") and self.store is not None:
+            record = await self.store.wait_for(path.removeprefix("calls/"), _wait(scope))
+            if record is not None:
+                return 200, record
+            return 404, _error(404, "No record for this call.", "not_found")
+        return 404, _error(404, f"Unknown path {scope['path']}.", "not_found")
+
+
+def _wait(scope: dict[str, Any]) -> float:
+    for part in scope.get("query_string", b"").decode().split("&"):
+        name, _, value = part.partition("=")
+        if name == "wait":
+            try:
+                return min(max(float(value), 0.0), 5.0)
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def _error(status: int, message: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
+                      "code": code}}

@@ -1,0 +1,171 @@
+"""The engine's view of Algorithm 1: calls, programs and their queue ranks.
+
+This is the part of the scheduler plugin that knows nothing of vLLM: it maps an
+engine's requests onto the policy core's ``MultiLevelQueue`` and
+``ProcessTable`` and says, each planning step, which calls changed rank and
+which running calls to preempt. ``autellix.engine.scheduler`` applies that to
+vLLM's queues. Time is passed in, so tests drive it with a fake clock.
+
+Programs. The gateway sends each call's program id and the program's attained
+service and waiting time (``vllm_xargs``); those are the whole cluster's
+numbers. The engine keeps its own table of the programs it serves and adds the
+service of calls that finish here, so between two calls from the gateway the
+engine's numbers are never older than its own work. Without the gateway, a
+request's vLLM ``session_id`` names its program, else the request is a program
+of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autellix.core import MultiLevelQueue, ProcessTable, SchedulerConfig, policy_by_name
+from autellix.core.mlq import QueuedCall
+from autellix.core.preemption import preemption_victims
+
+#: How often the planner sweeps every queued call for anti-starvation promotion
+#: and re-placement. Demotion is checked every planning step (only calls that
+#: ran can use up a quantum); the sweep touches every call, so it runs at most
+#: this often. Promotion thresholds are beta x seconds of service, so 20 ms late
+#: changes nothing, and a step stays O(running calls) (bench/scheduler_step.py).
+SWEEP_INTERVAL_S = 0.02
+
+#: ``vllm_xargs`` keys the gateway sends (``autellix.gateway.app`` writes them).
+XARG_PROGRAM, XARG_THREAD, XARG_CALL = "autellix_program", "autellix_thread", "autellix_call"
+XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
+
+
+@dataclass(frozen=True, slots=True)
+class CallIdentity:
+    """Who a request belongs to, read from its ``vllm_xargs`` and session id."""
+
+    program_id: str
+    thread_id: str | None = None
+    #: The gateway's call id: the key the finished call's record is published under.
+    gateway_call: str | None = None
+    service: float | None = None
+    wait: float | None = None
+
+    @classmethod
+    def of(cls, request_id: str, extra_args: Mapping[str, Any] | None, session_id: str | None) -> CallIdentity:
+        extra = extra_args or {}
+        program = extra.get(XARG_PROGRAM)
+        if not isinstance(program, str) or not program:
+            program = f"session:{session_id}" if session_id else f"request:{request_id}"
+        return cls(
+            program_id=program,
+            thread_id=_text(extra.get(XARG_THREAD)),
+            gateway_call=_text(extra.get(XARG_CALL)),
+            service=_number(extra.get(XARG_SERVICE)),
+            wait=_number(extra.get(XARG_WAIT)),
+        )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """A call that left the engine: what the gateway charges its program."""
+
+    call: str | None
+    program: str
+    finished: bool
+    service_s: float
+    wait_s: float
+    steps: int
+    promotions: int
+    demotions: int
+    preemptions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class CallPlanner:
+    """The queues and program table of one engine."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.policy = policy_by_name(config.policy)
+        self.table = ProcessTable(self.policy, idle_ttl=config.program_idle_ttl)
+        self.queue = MultiLevelQueue(self.policy.queues(config), self.table.view,
+                                     places_by_priority=self.policy.places_by_priority)
+        self._identity: dict[str, CallIdentity] = {}
+        self._preemptions: dict[str, int] = {}
+        self._left = 0
+        self._last_sweep = -float("inf")
+        self.sweep_interval = SWEEP_INTERVAL_S
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def rank(self, call_id: str) -> int:
+        call = self.queue.get(call_id)
+        return call.rank if call is not None else 0
+
+    # ---- life of a call ------------------------------------------------------
+    def arrive(self, call_id: str, who: CallIdentity, now: float) -> QueuedCall:
+        entry = self.table.get(who.program_id) or self.table.start(who.program_id, now)
+        # The gateway's numbers cover every engine; ours cover calls that finished
+        # here since. Both only grow, so the larger is the fresher.
+        if who.service is not None:
+            entry.service = max(entry.service, who.service)
+        if who.wait is not None:
+            entry.waiting = max(entry.waiting, who.wait)
+        self.table.call_arrived(who.program_id, call_id, now, thread_id=who.thread_id)
+        self._identity[call_id] = who
+        return self.queue.add(call_id, who.program_id, now)
+
+    def leave(self, call_id: str, now: float, *, finished: bool) -> CallRecord | None:
+        """The call finished or was aborted. None if it was never queued here."""
+        who = self._identity.pop(call_id, None)
+        if who is None or call_id not in self.queue:
+            return None
+        call = self.queue.remove(call_id, now)
+        if finished:
+            self.table.call_finished(who.program_id, call_id, now, model_time=call.total_model_time,
+                                     wait=call.total_wait)
+        else:
+            self.table.call_aborted(who.program_id, call_id, now, wait=call.total_wait)
+        self._left += 1
+        if self._left % 256 == 0:  # programs that went quiet leave the table
+            self.table.expire(now)
+        return CallRecord(call=who.gateway_call, program=who.program_id, finished=finished,
+                          service_s=call.total_model_time, wait_s=call.total_wait, steps=call.steps,
+                          promotions=call.promotions, demotions=call.demotions,
+                          preemptions=self._preemptions.pop(call_id, 0))
+
+    # ---- one engine step -------------------------------------------------------
+    def replan(self, now: float, running: Iterable[str], capacity: int) -> tuple[list[QueuedCall], list[QueuedCall]]:
+        """Demotion, anti-starvation and placement, then the preemptions that let
+        the best-ranked ``capacity`` calls run. Returns (calls whose rank changed,
+        running calls to preempt)."""
+        sweep = now - self._last_sweep >= self.sweep_interval
+        if sweep:
+            self._last_sweep = now
+        moved = self.queue.rebalance(now, sweep=sweep)
+        victims = preemption_victims(self.queue, set(running), capacity)
+        for call in victims:
+            self._preemptions[call.call_id] = self._preemptions.get(call.call_id, 0) + 1
+        return moved, victims
+
+    def started(self, call_ids: Iterable[str]) -> None:
+        """The engine scheduled these calls for the step that starts now."""
+        self.queue.mark_running(call_ids)
+
+    def step_done(self, now: float) -> None:
+        """The step ran: the time since the last step is the scheduled calls'
+        model time (the scheduler's own few microseconds between steps are
+        theirs too) and one step of their quantum; everyone else waited."""
+        self.queue.advance(now)
+        self.queue.charge(self.queue.running)

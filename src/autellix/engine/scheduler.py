@@ -1,0 +1,135 @@
+"""Autellix's scheduler inside vLLM's V1 engine (``--scheduler-cls``).
+
+vLLM's scheduler already does the hard, hardware-specific part well: token
+budgets, chunked prefill, KV block allocation, prefix caching and recompute
+preemption when memory runs out. What it lacks is the paper's order: quanta,
+demotion, program-level priority and anti-starvation, and preemption of a
+running call when a better-ranked one waits. So this class wraps, never
+rewrites, ``Scheduler.schedule``:
+
+1. Every request carries its call's queue rank (``QueuedCall.rank``, from the
+   policy core) as its vLLM ``priority``. vLLM's priority policy then admits
+   waiting requests in rank order and, when KV blocks run out, preempts the
+   worst-ranked running one.
+2. Each planning step (every ``multi_step`` steps) the planner runs Algorithm 1's
+   demotion and anti-starvation, re-keys the requests that moved, and preempts
+   running requests that rank below waiting ones when all ``max_num_seqs``
+   slots are taken. Running requests are kept in rank order, so the token
+   budget also goes to the best-ranked first.
+3. Between ``schedule`` and ``update_from_output`` the engine runs the model
+   (synchronously here), so that interval is each scheduled call's model time.
+   Quanta count in scheduler steps: one decode token, or one prefill chunk.
+
+Subclassing ``Scheduler``, not ``AsyncScheduler``: vLLM forces async scheduling
+off on CPU; on GPU run with ``--no-async-scheduling`` (engine-image does), since
+preempting a request that has a step in flight is only safe in the sync loop.
+Parameters come from ``AUTELLIX_*`` environment variables (``SchedulerConfig.from_env``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import time
+from typing import Any
+
+from vllm.v1.core.sched.request_queue import PriorityRequestQueue, SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from autellix.core import SchedulerConfig
+from autellix.engine.feedback import FeedbackPublisher
+from autellix.engine.planner import CallIdentity, CallPlanner
+
+log = logging.getLogger("autellix.engine.scheduler")
+
+
+class RankedRequestQueue(PriorityRequestQueue):
+    """vLLM's priority heap, re-keyed in place when ranks change."""
+
+    def reorder(self) -> None:
+        heapq.heapify(self._heap)
+
+
+class AutellixScheduler(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.autellix_config = SchedulerConfig.from_env()
+        if self.policy is not SchedulingPolicy.PRIORITY:
+            log.info("Autellix orders requests by queue rank: using vLLM's priority policy")
+            self.policy = SchedulingPolicy.PRIORITY
+        # Both queues are still empty here; ours can be re-keyed.
+        self.waiting = RankedRequestQueue()
+        self.kv_holding_waiting = RankedRequestQueue()
+        self.planner = CallPlanner(self.autellix_config)
+        self.feedback = FeedbackPublisher.from_env()
+        self._steps = 0
+        if self.feedback is not None:
+            self.feedback.publish("hello", {"scheduler": "autellix", "pid": os.getpid(),
+                                            "config": self.autellix_config.to_mapping(),
+                                            "max_num_seqs": self.max_num_running_reqs})
+        log.info("Autellix scheduler: %s", self.autellix_config.to_mapping())
+
+    # ---- arrivals and departures ------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        params = request.sampling_params
+        who = CallIdentity.of(request.request_id, params.extra_args if params else None, request.session_id)
+        request.priority = self.planner.arrive(request.request_id, who, time.monotonic()).rank
+        super().add_request(request)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        # Every way out (stop, length, abort, error) passes here exactly once.
+        finished = request.status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
+        record = self.planner.leave(request.request_id, time.monotonic(), finished=finished)
+        if record is not None and record.call is not None and self.feedback is not None:
+            self.feedback.publish("call", record.to_dict())
+        return super()._free_request(request, *args, **kwargs)
+
+    # ---- one step -----------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self._steps % self.autellix_config.multi_step == 0:
+            self._replan(time.monotonic())
+        output = super().schedule(*args, **kwargs)
+        self.planner.started(output.num_scheduled_tokens)
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        self.planner.step_done(time.monotonic())
+        self._steps += 1
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _replan(self, now: float) -> None:
+        moved, victims = self.planner.replan(now, (r.request_id for r in self.running), self.max_num_running_reqs)
+        requests = self.requests
+        waiting_moved = False
+        for call in moved:
+            request = requests.get(call.call_id)
+            if request is not None and request.priority != call.rank:
+                request.priority = call.rank
+                waiting_moved |= request.status != RequestStatus.RUNNING
+        if waiting_moved:
+            self.waiting.reorder()
+            self.kv_holding_waiting.reorder()
+        if victims:
+            self._preempt(victims, now)
+        self.running.sort(key=_by_priority)
+
+    def _preempt(self, victims: list[Any], now: float) -> None:
+        chosen = {call.call_id for call in victims}
+        keep = []
+        for request in self.running:
+            if request.request_id in chosen and request.status == RequestStatus.RUNNING:
+                # vLLM's V1 preemption: free the blocks, recompute later (prefix
+                # caching keeps the recompute cheap while the blocks survive).
+                self._preempt_request(request, now)
+                # as reset_prefix_cache does: a call resumed in this same step must
+                # reach the model runner as new, not as last step's continuation
+                self.prev_step_scheduled_req_ids.discard(request.request_id)
+            else:
+                keep.append(request)
+        self.running = keep
+
+
+def _by_priority(request: Request) -> int:
+    return request.priority

@@ -1,0 +1,38 @@
+"""Fixtures shared by the tests that run real engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from autellix.engine.launch import EngineProcess, start_engine, stop_engine, wait_ready
+from tests.live import free_port
+
+
+@pytest.fixture(scope="session")
+def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture(scope="session")
+def engine_cache(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
+    """Engines started on first use and shared by every test that asks for the
+    same settings: each start costs most of a minute on this CPU."""
+    started: dict[str, EngineProcess] = {}
+
+    def get(**options: object) -> EngineProcess:
+        key = repr(sorted(options.items()))
+        engine = started.get(key)
+        if engine is None or not engine.alive():
+            engine = start_engine(free_port(), log_dir=engine_logs, **options)  # type: ignore[arg-type]
+            started[key] = engine
+            wait_ready([engine], timeout=400)
+        return engine
+
+    try:
+        yield get
+    finally:
+        for engine in started.values():
+            stop_engine(engine)
