@@ -31,7 +31,7 @@ def run_local(*, port: int, engines: int, scheduler_config: SchedulerConfig, eng
         console.print(f"[green]ready[/]: OpenAI endpoint {url}/v1 (model {SERVED_MODEL!r}), "
                       f"engines {', '.join(e.url for e in started)}")
         console.print(f"try: curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
-                      f"-H 'X-Autellix-Session: demo' -d '{{\"model\": \"{SERVED_MODEL}\", "
+                      f"-H 'x-session-id: demo' -d '{{\"model\": \"{SERVED_MODEL}\", "
                       f"\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}], \"max_tokens\": 16}}'")
         config = GatewayConfig(engines=[e.url for e in started], scheduler=scheduler_config,
                                tokenizer=model_dir / "tokenizer.json")

@@ -1,0 +1,152 @@
+"""Readers for the shared workload data (ShareGPT, BFCL v3 multi-turn, HotpotQA).
+
+The data is read in place from the shared folder and never copied into the
+project: ``$AUTELLIX_WORKLOADS`` when set, else ``<repo root>/../shared/workloads``.
+Everything here is read-only and cached per folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_VAR = "AUTELLIX_WORKLOADS"
+
+#: BFCL API class (as named in ``involved_classes``) -> its file in ``multi_turn_func_doc``.
+BFCL_CLASS_FILES: dict[str, str] = {
+    "GorillaFileSystem": "gorilla_file_system.json",
+    "MathAPI": "math_api.json",
+    "MessageAPI": "message_api.json",
+    "TwitterAPI": "posting_api.json",
+    "TicketAPI": "ticket_api.json",
+    "TradingBot": "trading_bot.json",
+    "TravelAPI": "travel_booking.json",
+    "VehicleControlAPI": "vehicle_control.json",
+}
+
+#: The four multi-turn categories, in a fixed order (program sampling depends on it).
+BFCL_CATEGORIES: tuple[str, ...] = ("base", "long_context", "miss_func", "miss_param")
+
+
+def workloads_dir(data_dir: Path | str | None = None) -> Path:
+    """The workload data folder: ``data_dir``, else ``$AUTELLIX_WORKLOADS``, else ``<repo>/../shared/workloads``."""
+    if data_dir is not None:
+        path = Path(data_dir)
+        origin = "the data_dir argument"
+    elif os.environ.get(ENV_VAR):
+        path = Path(os.environ[ENV_VAR])
+        origin = f"${ENV_VAR}"
+    else:
+        # src/autellix/bench/data.py -> parents[3] is the repository root.
+        path = Path(__file__).resolve().parents[3].parent / "shared" / "workloads"
+        origin = "the default location"
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"workload data folder {path} (from {origin}) does not exist; set {ENV_VAR} to the folder "
+            "that holds sharegpt/, bfcl_v3/ and hotpotqa/"
+        )
+    return path
+
+
+def _require(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"workload file {path} is missing; set {ENV_VAR} to a complete workloads folder")
+    return path
+
+
+def _read_json_lines(path: Path) -> list[dict]:
+    with _require(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@dataclass(frozen=True)
+class ShareGPTConversation:
+    """One ShareGPT conversation: the whole history concatenated (roles are not marked)."""
+
+    text: str
+    output_length: int
+
+
+@dataclass(frozen=True)
+class BfclFunction:
+    name: str
+    description: str  # the part after "Tool description: " when present
+    doc: str  # the function's JSON line, unchanged
+    response_fields: tuple[tuple[str, str], ...]  # (name, JSON type) of the response's properties
+
+
+@dataclass(frozen=True)
+class BfclEntry:
+    id: str
+    category: str
+    turns: tuple[tuple[str, ...], ...]  # per turn, the user messages' contents; () for a miss_func turn
+    involved_classes: tuple[str, ...]
+    ground_truth: tuple[tuple[str, ...], ...]  # per turn, the expected calls, e.g. "cd(folder='temp')"
+    missed_functions: dict[int, tuple[str, ...]]  # turn index -> functions that only become available there
+
+
+@dataclass(frozen=True)
+class HotpotQuestion:
+    question: str
+    answer: str
+    type: str
+
+
+@functools.lru_cache(maxsize=4)
+def load_sharegpt(root: Path) -> tuple[ShareGPTConversation, ...]:
+    with _require(root / "sharegpt" / "run.json").open(encoding="utf-8") as f:
+        rows = json.load(f)
+    return tuple(ShareGPTConversation(r["input"], int(r["output_length"])) for r in rows)
+
+
+@functools.lru_cache(maxsize=4)
+def load_bfcl_functions(root: Path) -> dict[str, tuple[BfclFunction, ...]]:
+    """API class -> its functions, in file order."""
+    out: dict[str, tuple[BfclFunction, ...]] = {}
+    for cls, filename in BFCL_CLASS_FILES.items():
+        path = _require(root / "bfcl_v3" / "multi_turn_func_doc" / filename)
+        funcs = []
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                d = json.loads(line)
+                desc = d.get("description", "")
+                desc = desc.split("Tool description:", 1)[-1].strip()
+                props = (d.get("response") or {}).get("properties") or {}
+                fields = tuple((k, str(v.get("type", "string"))) for k, v in props.items())
+                funcs.append(BfclFunction(d["name"], desc, line.strip(), fields))
+        out[cls] = tuple(funcs)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def load_bfcl(root: Path) -> tuple[BfclEntry, ...]:
+    """All multi-turn entries of the four categories with their ground-truth call paths."""
+    entries: list[BfclEntry] = []
+    for category in BFCL_CATEGORIES:
+        name = f"BFCL_v3_multi_turn_{category}.json"
+        rows = _read_json_lines(root / "bfcl_v3" / name)
+        answers = {a["id"]: a["ground_truth"] for a in _read_json_lines(root / "bfcl_v3" / "possible_answer" / name)}
+        for r in rows:
+            turns = tuple(tuple(m["content"] for m in turn if m.get("role") == "user") for turn in r["question"])
+            missed = {int(k): tuple(v) for k, v in (r.get("missed_function") or {}).items()}
+            truth = tuple(tuple(t) for t in answers.get(r["id"], ()))
+            entries.append(BfclEntry(r["id"], category, turns, tuple(r["involved_classes"]), truth, missed))
+    return tuple(entries)
+
+
+@functools.lru_cache(maxsize=4)
+def load_hotpotqa(root: Path) -> tuple[HotpotQuestion, ...]:
+    folder = root / "hotpotqa"
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"no HotpotQA JSON under {folder}; set {ENV_VAR} to a complete workloads folder")
+    out: list[HotpotQuestion] = []
+    for path in files:
+        with path.open(encoding="utf-8") as f:
+            out.extend(HotpotQuestion(q["question"], str(q["answer"]), q.get("type", "")) for q in json.load(f))
+    return tuple(out)
