@@ -152,3 +152,90 @@ def engine(
     cmd = server_command(model, port, host=host, scheduler=scheduler, extra_args=extra)
     typer.echo(" ".join(cmd), err=True)
     os.execvpe(cmd[0], cmd, engine_env(port, config))  # the engine replaces this process: signals reach it
+
+
+bench_app = typer.Typer(help="Agent-program benchmarks against any OpenAI endpoint.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Option(help="Gateway or bare vLLM base URL")] = "http://127.0.0.1:8000",
+    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "bfcl",
+    rate: Annotated[float, typer.Option(help="Program arrivals per second (Poisson)")] = 0.5,
+    programs: Annotated[int, typer.Option(min=1, help="Programs to run")] = 50,
+    seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
+    calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
+    model: Annotated[str, typer.Option(help="Model name to request")] = "tiny-llama",
+    engine_metrics: Annotated[list[str] | None, typer.Option(
+        "--engine-metrics", help="Engine URL to read prefix-cache counters from (repeatable)")] = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="table or json")] = OutputFormat.table,
+) -> None:
+    """Run agent programs with Poisson arrivals and report program-level metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import asyncio
+    import json
+
+    from rich.progress import Progress
+
+    from autellix.bench import make_programs
+    from autellix.bench.runner import run_programs, summarize
+
+    try:
+        batch = make_programs(workload, programs, seed=seed, calibration=calibration)
+    except (ValueError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from None
+    with Progress(transient=True, disable=output is OutputFormat.json) as progress:
+        task = progress.add_task(f"{workload} @ {rate}/s", total=programs)
+        result = asyncio.run(run_programs(target, batch, rate=rate, seed=seed, model=model,
+                                          engines=list(engine_metrics or []),
+                                          on_done=lambda _: progress.advance(task)))
+    summary = summarize(result)
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{workload}: {programs} programs at {rate}/s against {target}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in summary.items():
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        Console().print(table)
+
+
+@bench_app.command("sweep")
+def bench_sweep(
+    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "bfcl",
+    rates: Annotated[str | None, typer.Option(
+        help="Comma-separated arrival rates (programs/s); default: the workload's (bench/sweep.py)")] = None,
+    programs: Annotated[int, typer.Option(min=1, help="Programs per rate")] = 40,
+    seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
+    systems: Annotated[str, typer.Option(help="Comma-separated: vllm,vllm-opt,mlfq,autellix")] = (
+        "vllm,vllm-opt,mlfq,autellix"),
+    calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
+    out: Annotated[Path, typer.Option(help="Folder for the JSON report and PNG plots")] = Path("bench-results"),
+) -> None:
+    """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
+    from autellix.bench.sweep import run_sweep, write_report
+
+    try:
+        rate_list = [float(r) for r in rates.split(",") if r.strip()] if rates else None
+    except ValueError:
+        raise _fail(f"--rates: expected comma-separated numbers, got {rates!r}") from None
+    try:
+        report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration,
+                           systems=[s.strip() for s in systems.split(",") if s.strip()],
+                           progress=lambda line: typer.echo(line, err=True))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    for path in write_report(report, out):
+        typer.echo(f"wrote {path}")
+    sustained = report["sustained"]
+    typer.echo(f"latency bound {sustained['latency_bound']:.4f} s/token; sustained rates "
+               + ", ".join(f"{k} {v:.2f}/s" for k, v in sustained["rates"].items()))
+    for key, ratio in sustained["ratios"].items():
+        typer.echo(f"throughput {key}: {ratio:.2f}x")

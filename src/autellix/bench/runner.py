@@ -1,0 +1,237 @@
+"""Run agent programs against an OpenAI endpoint with Poisson arrivals.
+
+The target is the Autellix gateway (each program opens a session, its calls
+carry ``X-Autellix-Session`` and, for parallel programs, ``X-Autellix-Thread``)
+or a bare vLLM server (no sessions: the baseline). Every call streams, so the
+client sees its first token; ``stream_options.include_usage`` brings the token
+counts and, from engines run with ``--enable-per-request-metrics``, vLLM's own
+queue time (before the first schedule).
+
+Metrics (``summarize``):
+* program token latency: (finish - arrival) / tokens generated, the paper's
+  metric; for parallel programs the response time is the whole program's;
+* throughput: programs and tokens per second over the run;
+* per call: queueing (vLLM's queue time), TTFT (client side);
+* waiting share: per call, queue time / call time, averaged over calls;
+* Jain's fairness index of program token latencies;
+* per program: the most calls it had in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import openai
+
+from autellix.bench.programs import AgentProgram
+from autellix.client import SESSION_HEADER, THREAD_HEADER
+from autellix.sim.metrics import jain_index, mean, percentile
+
+
+@dataclass
+class CallStat:
+    program_id: str
+    thread: str | None
+    submitted: float
+    finished: float = 0.0
+    first_token: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    queue_s: float | None = None  # vLLM's queue time, when the engine reports it
+
+
+@dataclass
+class ProgramStat:
+    program_id: str
+    workload: str
+    arrival: float
+    finish: float = 0.0
+    tokens: int = 0
+    calls: int = 0
+    max_parallel: int = 0
+    error: str | None = None
+
+    @property
+    def token_latency(self) -> float:
+        return (self.finish - self.arrival) / max(self.tokens, 1)
+
+
+@dataclass
+class RunResult:
+    programs: list[ProgramStat]
+    calls: list[CallStat]
+    started: float
+    ended: float
+    prefix_cache_hit_rate: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class HttpLLM:
+    """The ``LLM`` one program talks to: streaming chat calls, simulated tools."""
+
+    def __init__(self, client: openai.AsyncOpenAI, model: str, stat: ProgramStat, calls: list[CallStat],
+                 session: str | None) -> None:
+        self._client, self._model, self._stat, self._calls = client, model, stat, calls
+        self._session = session
+        self._inflight = 0
+
+    async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str:
+        headers = {}
+        if self._session is not None:
+            headers[SESSION_HEADER] = self._session
+            if thread is not None:
+                headers[THREAD_HEADER] = thread
+        call = CallStat(self._stat.program_id, thread, time.monotonic())
+        self._calls.append(call)
+        self._stat.calls += 1
+        self._inflight += 1
+        self._stat.max_parallel = max(self._stat.max_parallel, self._inflight)
+        parts: list[str] = []
+        try:
+            stream = await self._client.chat.completions.create(
+                model=self._model, messages=messages, max_tokens=max_tokens, stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, extra_headers=headers)
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    if call.first_token is None:
+                        call.first_token = time.monotonic()
+                    parts.append(chunk.choices[0].delta.content)
+                if chunk.usage is not None:
+                    call.prompt_tokens = chunk.usage.prompt_tokens
+                    call.completion_tokens = chunk.usage.completion_tokens
+                    metrics = (chunk.model_extra or {}).get("metrics") or {}
+                    if isinstance(metrics.get("queue_time_ms"), int | float):
+                        call.queue_s = metrics["queue_time_ms"] / 1e3
+        finally:
+            self._inflight -= 1
+            call.finished = time.monotonic()
+        self._stat.tokens += call.completion_tokens
+        return "".join(parts)
+
+    async def tool(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
+    """Arrival offsets (seconds) of ``count`` programs at ``rate`` per second."""
+    if rate <= 0:
+        raise ValueError("rate must be > 0 programs per second")
+    rng, t, out = random.Random(f"arrivals:{seed}"), 0.0, []
+    for _ in range(count):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+async def uses_sessions(target: str) -> bool:
+    """The gateway answers ``GET /ready``; a bare vLLM server does not."""
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.get(target.rstrip("/") + "/ready", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return r.status in (200, 503) and "ready" in (await r.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+
+
+async def prefix_cache_counters(engines: Sequence[str]) -> tuple[float, float]:
+    """Summed ``vllm:prefix_cache_hits_total`` and ``queries_total`` over the engines."""
+    from autellix.gateway.engines import parse_vllm_metrics
+
+    hits = queries = 0.0
+    async with aiohttp.ClientSession() as http:
+        for url in engines:
+            async with http.get(url.rstrip("/") + "/metrics") as r:
+                m = parse_vllm_metrics(await r.text())
+            hits += m.get("vllm:prefix_cache_hits_total", 0.0)
+            queries += m.get("vllm:prefix_cache_queries_total", 0.0)
+    return hits, queries
+
+
+async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
+                       engines: Sequence[str] = (), sessions: bool | None = None,
+                       on_done: Callable[[ProgramStat], None] | None = None) -> RunResult:
+    """Start each program at its Poisson arrival time; wait for all to finish."""
+    base = target.rstrip("/")
+    if sessions is None:
+        sessions = await uses_sessions(base)
+    arrivals = poisson_arrivals(len(programs), rate, seed)
+    calls: list[CallStat] = []
+    stats: list[ProgramStat] = []
+    before = await prefix_cache_counters(engines) if engines else None
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=3600)
+
+    async def one(program: AgentProgram, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
+        stat = ProgramStat(program.program_id, program.workload, time.monotonic())
+        stats.append(stat)
+        session = None
+        try:
+            if sessions:
+                session = (await client.post("/sessions", cast_to=object))["id"]  # type: ignore[index]
+            await program.run(HttpLLM(client, model, stat, calls, session))
+        except Exception as exc:  # recorded, not raised: one failed program must not stop the run
+            stat.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            stat.finish = time.monotonic()
+            if session is not None:
+                with contextlib.suppress(openai.APIError):
+                    await client.delete(f"/sessions/{session}", cast_to=object)
+            if on_done is not None:
+                on_done(stat)
+
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(one(p, at) for p, at in zip(programs, arrivals, strict=True)))
+    finally:
+        await client.close()
+    ended = time.monotonic()
+    hit_rate = None
+    if before is not None:
+        after = await prefix_cache_counters(engines)
+        queries = after[1] - before[1]
+        hit_rate = (after[0] - before[0]) / queries if queries > 0 else None
+    return RunResult(stats, calls, started, ended, prefix_cache_hit_rate=hit_rate)
+
+
+def summarize(result: RunResult) -> dict[str, Any]:
+    done = [p for p in result.programs if p.error is None]
+    latencies = [p.token_latency for p in done]
+    span = max((p.finish for p in done), default=result.ended) - result.started
+    calls = [c for c in result.calls if c.finished]
+    ttfts = [c.first_token - c.submitted for c in calls if c.first_token is not None]
+    queues = [c.queue_s for c in calls if c.queue_s is not None]
+    shares = [c.queue_s / (c.finished - c.submitted) for c in calls
+              if c.queue_s is not None and c.finished > c.submitted]
+    parallel = [p.max_parallel for p in result.programs]
+    return {
+        "programs": len(result.programs),
+        "completed": len(done),
+        "failed": len(result.programs) - len(done),
+        "errors": sorted({p.error for p in result.programs if p.error})[:5],
+        "calls": len(calls),
+        "mean_token_latency": mean(latencies),
+        "p50_token_latency": percentile(latencies, 50),
+        "p95_token_latency": percentile(latencies, 95),
+        "p99_token_latency": percentile(latencies, 99),
+        "programs_per_s": len(done) / span if span > 0 else 0.0,
+        "tokens_per_s": sum(p.tokens for p in done) / span if span > 0 else 0.0,
+        "mean_call_queue_s": mean(queues),
+        "p95_call_queue_s": percentile(queues, 95),
+        "mean_ttft_s": mean(ttfts),
+        "p95_ttft_s": percentile(ttfts, 95),
+        "waiting_share": mean(shares),
+        "jain_fairness": jain_index(latencies),
+        "max_parallel_calls": max(parallel, default=0),
+        "prefix_cache_hit_rate": result.prefix_cache_hit_rate,
+    }
+
+
+def program_rows(result: RunResult) -> list[dict[str, Any]]:
+    return [asdict(p) | {"token_latency": p.token_latency} for p in result.programs]

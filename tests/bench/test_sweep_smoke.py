@@ -1,0 +1,30 @@
+"""A small sweep on real engines: the benchmark's whole path, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autellix.bench.sweep import run_sweep, write_report
+
+pytest.importorskip("matplotlib")
+
+
+def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path) -> None:
+    report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["vllm", "autellix"],
+                       log_dir=tmp_path / "logs", progress=lambda _: None)
+    for system in ("vllm", "autellix"):
+        for rate in ("0.5", "2.0"):
+            row = report["results"][system][rate]
+            assert row["completed"] == 3 and row["failed"] == 0, row["errors"]
+            assert row["calls"] > 20 and row["mean_token_latency"] > 0
+            assert row["max_parallel_calls"] >= 5  # one of the three is a LATS program
+    # the baseline runs with prefix caching off, Autellix with it on
+    assert not report["results"]["vllm"]["2.0"]["prefix_cache_hit_rate"]
+    assert report["results"]["autellix"]["2.0"]["prefix_cache_hit_rate"] > 0.2
+    assert set(report["sustained"]["rates"]) == {"vllm", "autellix"}
+    paths = write_report(report, tmp_path / "out")
+    assert [p.suffix for p in paths] == [".json", ".png", ".png"]
+    assert json.loads(paths[0].read_text())["workload"] == "mixed"
