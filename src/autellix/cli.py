@@ -212,7 +212,7 @@ def bench_sweep(
     workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "bfcl",
     rates: Annotated[str | None, typer.Option(
         help="Comma-separated arrival rates (programs/s); default: the workload's (bench/sweep.py)")] = None,
-    programs: Annotated[int, typer.Option(min=1, help="Programs per rate")] = 40,
+    programs: Annotated[int | None, typer.Option(min=1, help="Programs per rate (default: the workload's)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
     systems: Annotated[str, typer.Option(help="Comma-separated: vllm,vllm-opt,mlfq,autellix")] = (
         "vllm,vllm-opt,mlfq,autellix"),
@@ -239,3 +239,7 @@ def bench_sweep(
                + ", ".join(f"{k} {v:.2f}/s" for k, v in sustained["rates"].items()))
     for key, ratio in sustained["ratios"].items():
         typer.echo(f"throughput {key}: {ratio:.2f}x")
+    for row in report["under_load"]:
+        typer.echo(f"at {row['rate']}/s (vllm at {row['vllm_load']:.1f}x its unloaded latency): autellix cuts mean "
+                   f"token latency {row['latency_cut_vs_vllm']:.2f}x; its P99 is "
+                   f"{row.get('p99_vs_vllm_opt', float('nan')):.2f}x vllm-opt's")
