@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autellix.bench.data import ENV_VAR, workloads_dir
+from autellix.bench.data import ENV_VAR, workloads_available, workloads_dir
 from autellix.bench.programs import CONTEXT_LIMIT, AgentProgram, make_programs
 
 #: From /work/shared/workloads/README.md: calls per program, prefill and decode tokens per call.
@@ -32,15 +32,9 @@ SEED = 1
 Call = tuple[tuple[tuple[str, str], ...], int, str | None]  # (messages as (role, content)), max_tokens, thread
 
 
-def _have_data() -> bool:
-    try:
-        workloads_dir()
-    except FileNotFoundError:
-        return False
-    return True
 
 
-needs_data = pytest.mark.skipif(not _have_data(), reason=f"no workload data (set {ENV_VAR})")
+needs_data = pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
 
 
 class RecordingLLM:

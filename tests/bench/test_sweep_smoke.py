@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from autellix.bench.data import ENV_VAR, workloads_available
 from autellix.bench.sweep import run_sweep, write_report
 
 pytest.importorskip("matplotlib")
 
 
+
+
+@pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
 def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path) -> None:
     report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["vllm", "autellix"],
                        log_dir=tmp_path / "logs", progress=lambda _: None)

@@ -150,3 +150,12 @@ def load_hotpotqa(root: Path) -> tuple[HotpotQuestion, ...]:
         with path.open(encoding="utf-8") as f:
             out.extend(HotpotQuestion(q["question"], str(q["answer"]), q.get("type", "")) for q in json.load(f))
     return tuple(out)
+
+
+def workloads_available(data_dir: str | Path | None = None) -> bool:
+    """Whether the workload data can be found (tests skip without it)."""
+    try:
+        workloads_dir(data_dir)
+    except FileNotFoundError:
+        return False
+    return True
