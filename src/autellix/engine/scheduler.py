@@ -73,9 +73,11 @@ class AutellixScheduler(Scheduler):
 
     # ---- arrivals and departures ------------------------------------------------
     def add_request(self, request: Request) -> None:
-        params = request.sampling_params
-        who = CallIdentity.of(request.request_id, params.extra_args if params else None, request.session_id)
-        request.priority = self.planner.arrive(request.request_id, who, time.monotonic()).rank
+        # A known id is a streaming-input session's next chunk: the same call.
+        if request.request_id not in self.requests:
+            params = request.sampling_params
+            who = CallIdentity.of(request.request_id, params.extra_args if params else None, request.session_id)
+            request.priority = self.planner.arrive(request.request_id, who, time.monotonic()).rank
         super().add_request(request)
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
