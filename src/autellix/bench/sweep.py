@@ -22,12 +22,8 @@ import asyncio
 import contextlib
 import json
 import math
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +34,7 @@ from autellix.bench.runner import run_programs, summarize
 from autellix.core import SchedulerConfig
 from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+from autellix.gateway.process import free_port, gateway_process
 
 
 @dataclass(frozen=True)
@@ -75,53 +72,24 @@ _HEAVY = EngineSettings(8, ("--max-num-batched-tokens", "2048"), (0.2, 0.6, 1.0)
 ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT, "lats": _HEAVY, "mixed": _HEAVY}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def local_stack(system: System, settings: EngineSettings, log_dir: Path) -> Iterator[tuple[str, str]]:
     """Start the system's engine (and gateway); yield (target URL, engine URL)."""
     extra = list(settings.args) + ([] if system.prefix_caching else ["--no-enable-prefix-caching"])
     config = SchedulerConfig(policy=system.policy or "fcfs")
-    engine: EngineProcess = start_engine(_free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
+    engine: EngineProcess = start_engine(free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
                                          max_num_seqs=settings.max_num_seqs, extra_args=extra, config=config)
-    gateway: subprocess.Popen | None = None
     try:
         wait_ready([engine], timeout=600)
         if system.policy is None:
             yield engine.url, engine.url
             return
-        port = _free_port()
         tokenizer = build_tiny_model(default_model_dir()) / "tokenizer.json"
-        with (log_dir / f"gateway-{system.name}.log").open("wb") as log:
-            gateway = subprocess.Popen([sys.executable, "-m", "autellix", "gateway", "--port", str(port),
-                                        "--engine", engine.url, "--policy", system.policy,
-                                        "--tokenizer", str(tokenizer)], stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        _wait_http(url + "/ready", gateway)
-        yield url, engine.url
+        with gateway_process([engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer),
+                             log_path=log_dir / f"gateway-{system.name}.log") as url:
+            yield url, engine.url
     finally:
-        if gateway is not None:
-            gateway.terminate()
-            gateway.wait(15)
         stop_engine(engine)
-
-
-def _wait_http(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited")
-        with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                return
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
 
 
 def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | None, seed: int,

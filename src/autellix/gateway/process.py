@@ -1,0 +1,56 @@
+"""The gateway as a child process: for benchmarks and tests that run whole stacks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gateway_process(engine_urls: list[str], *args: str, env: dict[str, str] | None = None,
+                    log_path: Path | None = None, timeout: float = 60.0) -> Iterator[str]:
+    """``autellix gateway`` in front of ``engine_urls``; yields its base URL once
+    ``/ready`` answers 200. Its log goes to a file (a pipe nobody reads would
+    fill and freeze it), shown when it fails to start. Stopped on exit."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "autellix", "gateway", "--port", str(port), *args]
+    for url in engine_urls:
+        cmd += ["--engine", url]
+    log_path = log_path or Path(tempfile.gettempdir()) / f"autellix-gateway-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited:\n{log_path.read_text(errors='replace')}")
+            with contextlib.suppress(urllib.error.URLError, OSError), \
+                    urllib.request.urlopen(base + "/ready", timeout=2) as r:
+                if r.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gateway not ready:\n{log_path.read_text(errors='replace')}")
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
