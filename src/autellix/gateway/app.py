@@ -359,6 +359,35 @@ async def end_session(request: web.Request) -> web.Response:
     return web.json_response({**entry.to_dict(), "deleted": True}, dumps=_dumps)
 
 
+# ---- admin: the engine pool (the operator's autoscaler drains before it removes) --
+async def list_engines(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    gateway.auth.identify(request.headers.get("Authorization"))
+    assert gateway.pool is not None
+    return web.json_response({"object": "list", "data": gateway.pool.describe()}, dumps=_dumps)
+
+
+def _engine_url(body: Any, known: set[str]) -> str:
+    if not isinstance(body, dict) or set(body) != {"url"} or not isinstance(body["url"], str) or not body["url"]:
+        raise bad_request('The body must be {"url": "<engine base URL>"}.', param="url")
+    url = body["url"].rstrip("/")
+    if url not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise bad_request(f"No engine {url!r} in the pool. Engines: {listed}.", param="url", code="engine_not_found")
+    return url
+
+
+def _drain_handler(draining: bool) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        gateway = request.app[GATEWAY_KEY]
+        gateway.auth.identify(request.headers.get("Authorization"))
+        assert gateway.pool is not None
+        url = _engine_url(await _read_json(request), set(gateway.pool.engines))  # every check before the change
+        gateway.pool.set_draining(url, draining)
+        return web.json_response(next(e for e in gateway.pool.describe() if e["url"] == url), dumps=_dumps)
+    return handler
+
+
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -395,4 +424,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/engines", list_engines)
+    app.router.add_post("/admin/engines/drain", _drain_handler(True))
+    app.router.add_post("/admin/engines/undrain", _drain_handler(False))
     return app

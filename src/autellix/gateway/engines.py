@@ -5,6 +5,10 @@ with the operator); the pool polls each one's ``/health`` and ``/metrics`` in th
 background and answers, without I/O, which engines are usable and how loaded
 they are. Load = running + waiting requests from the engine's last scrape,
 corrected by the calls this gateway has sent or finished since that scrape.
+
+A draining engine (``set_draining``) stays in the pool, probed and finishing its calls
+in flight, but is no candidate for new calls: ``loads`` leaves it out, so the
+core's balancer never picks it and a pin to it lapses (``live_pin``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class EngineState:
     #: The engine runs Autellix's scheduler: each call's exact model time can
     #: be read back from it (``autellix.engine.feedback``).
     feedback: bool = False
+    #: Being drained (scale-down, maintenance): finishes its calls, takes no new ones.
+    draining: bool = False
 
     @property
     def load(self) -> float:
@@ -88,7 +94,8 @@ class EnginePool:
 
     # ---- what the request path reads (no I/O) --------------------------------
     def loads(self, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, float]:
-        return {u: e.load for u, e in self.engines.items() if e.healthy and u not in exclude}
+        """Load of every engine that may take a new call: healthy, not draining."""
+        return {u: e.load for u, e in self.engines.items() if e.healthy and not e.draining and u not in exclude}
 
     def models(self) -> list[dict]:
         merged: dict[str, dict] = {}
@@ -100,6 +107,20 @@ class EnginePool:
 
     def serves(self, model: str) -> bool:
         return any(m.get("id") == model for m in self.models())
+
+    def set_draining(self, url: str, draining: bool) -> EngineState:
+        """Drain or undrain an engine of the pool; KeyError if it is not in the pool."""
+        engine = self.engines[url.rstrip("/")]
+        if engine.draining != draining:
+            engine.draining = draining
+            log.info("engine %s %s", engine.url, "draining" if draining else "undrained")
+        return engine
+
+    def describe(self) -> list[dict[str, object]]:
+        """Every engine of the pool, for the admin API (what an autoscaler polls)."""
+        return [{"url": e.url, "healthy": e.healthy, "draining": e.draining, "load": e.load,
+                 "inflight": e.inflight, "running": e.running, "waiting": e.waiting}
+                for e in sorted(self.engines.values(), key=lambda e: e.url)]
 
     def begin(self, url: str) -> None:
         self.engines[url].inflight += 1
@@ -143,6 +164,9 @@ class EnginePool:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        close = getattr(self.discovery, "aclose", None)  # a watching discovery holds a connection
+        if close is not None:
+            await close()
 
     async def _loop(self) -> None:
         while True:

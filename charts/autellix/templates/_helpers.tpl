@@ -1,0 +1,112 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "autellix.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "autellix.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "autellix.gatewayName" -}}
+{{- printf "%s-gateway" (include "autellix.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "autellix.operatorName" -}}
+{{- printf "%s-operator" (include "autellix.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "autellix.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "autellix.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: autellix
+{{- end }}
+
+{{/* Selector labels of one component: include with (dict "ctx" . "component" "gateway"). */}}
+{{- define "autellix.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "autellix.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "autellix.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/* The namespace the gateway's discovery watches (when not all namespaces). */}}
+{{- define "autellix.discoveryNamespace" -}}
+{{- default .Release.Namespace .Values.gateway.discovery.namespace }}
+{{- end }}
+
+{{- define "autellix.gatewayUrl" -}}
+{{- if .Values.operator.gatewayUrl }}
+{{- .Values.operator.gatewayUrl }}
+{{- else }}
+{{- printf "http://%s.%s.svc:%v" (include "autellix.gatewayName" .) .Release.Namespace .Values.gateway.service.port }}
+{{- end }}
+{{- end }}
+
+{{/*
+SchedulerConfig's fields as AUTELLIX_<NAME> variables (autellix.core.config.from_env):
+lists joined by commas, whole numbers without a decimal point or exponent.
+*/}}
+{{- define "autellix.schedulerEnv" -}}
+{{- $s := .Values.scheduler }}
+{{- if and (hasKey $s "boundaries") (hasKey $s "quanta") }}
+{{- $b := ternary $s.boundaries (splitList "," (toString $s.boundaries)) (kindIs "slice" $s.boundaries) }}
+{{- $q := ternary $s.quanta (splitList "," (toString $s.quanta)) (kindIs "slice" $s.quanta) }}
+{{- if ne (len $q) (add1 (len $b)) }}
+{{- fail (printf "scheduler.quanta: expected %d values (one per queue, %d boundaries), got %d" (add1 (len $b)) (len $b) (len $q)) }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := $s }}
+- name: {{ printf "AUTELLIX_%s" (upper $key) }}
+  value: {{ include "autellix.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "autellix.envValue" -}}
+{{- if kindIs "slice" . }}
+{{- $parts := list }}
+{{- range . }}{{ $parts = append $parts (include "autellix.envValue" .) }}{{ end }}
+{{- join "," $parts }}
+{{- else if and (kindIs "float64" .) (eq . (float64 (int64 .))) }}
+{{- int64 . }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{- define "autellix.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{- define "autellix.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Cluster-scoped objects (ClusterRoles) are named after the namespace too: one per release. */}}
+{{- define "autellix.clusterScopedName" -}}
+{{- printf "%s-%s" .ctx.Release.Namespace .name | trunc 63 | trimSuffix "-" }}
+{{- end }}

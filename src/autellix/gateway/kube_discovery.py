@@ -1,0 +1,203 @@
+"""Engines discovered from Kubernetes: the EndpointSlices of the engines' Services.
+
+The operator gives every engine Service the label ``app.kubernetes.io/component=engine``;
+Kubernetes copies a Service's labels onto its EndpointSlices, so one label
+selector finds every engine pod's address. Each ready endpoint is one engine,
+``http://<pod IP>:<port named "http">``: the gateway balances over pods, not
+over Services (Algorithm 2 needs to know which pod holds a program's KV cache).
+
+``slice_urls`` is the pure part (slices in, URLs out). ``KubeDiscovery`` keeps
+the slices current with a list-then-watch loop (kubernetes_asyncio) in the
+background and answers ``urls()`` from memory, so the pool's polling never
+waits on the API server; a watch that breaks or expires re-lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("autellix.gateway.kube_discovery")
+
+DEFAULT_ENGINE_SELECTOR = "app.kubernetes.io/component=engine"
+DEFAULT_PORT_NAME = "http"
+DEFAULT_PORT = 8000
+
+SliceKey = tuple[str, str]  # (namespace, name)
+
+
+class WatchExpired(Exception):
+    """The API server no longer has the resourceVersion we watch from (410 Gone)."""
+
+
+def _host(address: str, address_type: str) -> str:
+    """An IPv6 address goes in brackets in a URL."""
+    return f"[{address}]" if address_type == "IPv6" or ":" in address else address
+
+
+def slice_port(ports: Iterable[Mapping[str, Any]] | None, port_name: str, default_port: int) -> int:
+    """The slice's port named ``port_name``; ``default_port`` when it has none of that name."""
+    for port in ports or ():
+        if port.get("name") == port_name and isinstance(port.get("port"), int):
+            return port["port"]
+    return default_port
+
+
+def endpoint_ready(endpoint: Mapping[str, Any]) -> bool:
+    """Kubernetes: a missing ``ready`` is unknown and to be read as ready;
+    a terminating pod's endpoint is not ready."""
+    conditions = endpoint.get("conditions") or {}
+    return conditions.get("ready") is not False
+
+
+def slice_urls(slices: Iterable[Mapping[str, Any]], *, port_name: str = DEFAULT_PORT_NAME,
+               default_port: int = DEFAULT_PORT) -> set[str]:
+    """Engine base URLs of every ready endpoint of the given EndpointSlices (JSON form)."""
+    urls: set[str] = set()
+    for eps in slices:
+        address_type = eps.get("addressType", "IPv4")
+        port = slice_port(eps.get("ports"), port_name, default_port)
+        for endpoint in eps.get("endpoints") or ():
+            if not endpoint_ready(endpoint):
+                continue
+            addresses = endpoint.get("addresses") or []
+            if addresses:  # every address of one endpoint is the same pod: Kubernetes says use the first
+                urls.add(f"http://{_host(addresses[0], address_type)}:{port}")
+    return urls
+
+
+def slice_key(eps: Mapping[str, Any]) -> SliceKey:
+    meta = eps.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+class KubeDiscovery:
+    """The ``Discovery`` of ``autellix gateway --discovery kubernetes``.
+
+    ``namespace`` None watches every namespace (needs a ClusterRole); a name
+    watches that one (a Role). ``configuration`` is a kubernetes_asyncio
+    ``Configuration``; without one, the in-cluster service account is used,
+    else the local kubeconfig.
+    """
+
+    def __init__(self, selector: str = DEFAULT_ENGINE_SELECTOR, namespace: str | None = None, *,
+                 port_name: str = DEFAULT_PORT_NAME, default_port: int = DEFAULT_PORT,
+                 configuration: Any = None, retry_delay: float = 2.0, watch_timeout_s: int = 300,
+                 first_sync_timeout: float = 10.0) -> None:
+        self.selector = selector
+        self.namespace = namespace
+        self.port_name = port_name
+        self.default_port = default_port
+        self.retry_delay = retry_delay
+        self.watch_timeout_s = watch_timeout_s
+        self.first_sync_timeout = first_sync_timeout
+        self._configuration = configuration
+        self._slices: dict[SliceKey, dict[str, Any]] = {}
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._api: Any = None
+
+    async def urls(self) -> set[str]:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kube-discovery")
+            with contextlib.suppress(TimeoutError):  # an unreachable API server: empty pool, retried behind
+                await asyncio.wait_for(self._synced.wait(), self.first_sync_timeout)
+        return slice_urls(self._slices.values(), port_name=self.port_name, default_port=self.default_port)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    # ---- the list-then-watch loop ------------------------------------------------
+    async def _client(self) -> Any:
+        from kubernetes_asyncio import client, config
+
+        configuration = self._configuration
+        if configuration is None:
+            configuration = client.Configuration()
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                await config.load_kube_config(client_configuration=configuration)
+        self._api = client.ApiClient(configuration=configuration)
+        return client.DiscoveryV1Api(self._api)
+
+    def _lister(self, api: Any) -> Any:
+        if self.namespace:
+            return lambda **kw: api.list_namespaced_endpoint_slice(self.namespace, **kw)
+        return api.list_endpoint_slice_for_all_namespaces
+
+    async def _run(self) -> None:
+        where = f"namespace {self.namespace}" if self.namespace else "all namespaces"
+        lister = None
+        while True:
+            try:
+                if lister is None:
+                    lister = self._lister(await self._client())
+                version = await self._relist(lister)
+                self._synced.set()
+                log.info("watching engine EndpointSlices (%s, %s): %d engine(s)", self.selector, where,
+                         len(slice_urls(self._slices.values(), port_name=self.port_name)))
+                while True:
+                    version = await self._watch(lister, version)
+            except asyncio.CancelledError:
+                raise
+            except WatchExpired:
+                log.info("EndpointSlice watch expired; listing again")
+            except Exception as exc:  # the API server restarts, RBAC is fixed later...: keep trying
+                log.warning("engine discovery failed (%r); retrying in %.0fs", exc, self.retry_delay)
+                await asyncio.sleep(self.retry_delay)
+
+    async def _relist(self, lister: Any) -> str:
+        response = await lister(label_selector=self.selector, _preload_content=False)
+        async with response:
+            body = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"listing EndpointSlices: HTTP {response.status}: {body[:300]!r}")
+        data = json.loads(body)
+        self._slices = {slice_key(eps): eps for eps in data.get("items") or ()}
+        return (data.get("metadata") or {}).get("resourceVersion") or ""
+
+    async def _watch(self, lister: Any, version: str) -> str:
+        """Apply watch events until the server ends the stream; returns the last resourceVersion."""
+        response = await lister(label_selector=self.selector, watch=True, resource_version=version or None,
+                                allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
+                                _preload_content=False, _request_timeout=self.watch_timeout_s + 30)
+        async with response:
+            if response.status == 410:
+                raise WatchExpired
+            if response.status != 200:
+                text = (await response.read())[:300]
+                raise RuntimeError(f"watching EndpointSlices: HTTP {response.status}: {text!r}")
+            pending = b""  # events are JSON lines; a big slice's line can exceed aiohttp's readline limit
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        version = self.apply_event(json.loads(line)) or version
+        return version
+
+    def apply_event(self, event: Mapping[str, Any]) -> str | None:
+        """One watch event into the slice cache; returns its resourceVersion, if any."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if not isinstance(kind, str) or not isinstance(obj, dict):
+            raise RuntimeError(f"not a watch event: {str(event)[:200]}")
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise WatchExpired
+            raise RuntimeError(f"EndpointSlice watch error: {obj.get('message') or obj}")
+        if kind in ("ADDED", "MODIFIED"):
+            self._slices[slice_key(obj)] = dict(obj)
+        elif kind == "DELETED":
+            self._slices.pop(slice_key(obj), None)
+        return (obj.get("metadata") or {}).get("resourceVersion")

@@ -1,0 +1,354 @@
+"""charts/autellix, linted and rendered by a real helm; every manifest validated.
+
+Core kinds are checked with kubernetes-validate (strict: unknown fields are
+errors) against the Kubernetes version the chart targets; the ServiceMonitor
+(a prometheus-operator kind, no schema in kubernetes-validate) by its shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from autellix.core import SchedulerConfig
+from autellix.gateway.metrics import GatewayMetrics
+from tests.chart.helm_binary import helm_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "autellix"
+KUBERNETES = "1.35.0"  # helm 4.1's client version; Chart.yaml accepts >= 1.29
+NAMESPACE = "serving"
+RELEASE = "demo"
+
+SCHEDULER_VALUES = {"scheduler": {"policy": "plas", "boundaries": [1, 4, 16], "quanta": [32, 64, 128, "inf"],
+                                  "beta": "inf", "balancer": "least_used", "long_prompt_tokens": 4096,
+                                  "program_idle_ttl": 120.5, "multi_step": 4}}
+
+#: Value sets every check runs over: each one name -> helm arguments.
+VALUE_SETS: dict[str, list[str]] = {
+    "defaults": [],
+    "service-monitor": ["--set", "metrics.serviceMonitor.enabled=true",
+                        "--set", "metrics.serviceMonitor.labels.release=prometheus"],
+    "scheduler": ["--set-json", f"scheduler={json.dumps(SCHEDULER_VALUES['scheduler'])}"],
+    "autoscaling": ["--set", "operator.autoscaleInterval=5", "--set-json", "operator.programPollInterval=2.5",
+                    "--set", "operator.gatewayUrl=http://gw.example:8080",
+                    "--set-json", 'operator.namespaces=["team-a","team-b"]'],
+    "discovery-namespace": ["--set", "gateway.discovery.namespace=engines"],
+    "all-namespaces": ["--set", "gateway.discovery.allNamespaces=true"],
+    "static-without-operator": ["--set", "gateway.discovery.mode=static", "--set", "operator.enabled=false",
+                                "--set-json", 'gateway.discovery.engines=["http://10.0.0.1:8000","http://e2:8000"]',
+                                "--set", "metrics.annotations=false", "--set", "grafana.dashboard.enabled=false"],
+}
+
+
+@pytest.fixture(scope="module")
+def helm(helm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., subprocess.CompletedProcess]:
+    env = helm_env(tmp_path_factory.mktemp("helm-home"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(helm_path), *args], capture_output=True, text=True, env=env, timeout=120)
+    return run
+
+
+@pytest.fixture(scope="module")
+def render(helm: Callable[..., subprocess.CompletedProcess]) -> Callable[[str], list[dict[str, Any]]]:
+    """The manifests of one value set (CRDs included), rendered once per module."""
+    cache: dict[str, list[dict[str, Any]]] = {}
+
+    def get(name: str) -> list[dict[str, Any]]:
+        if name not in cache:
+            done = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds",
+                        *VALUE_SETS[name])
+            assert done.returncode == 0, done.stderr
+            cache[name] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+        return cache[name]
+    return get
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"{kind} *{name_suffix}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def container(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    deployment = one(docs, "Deployment", f"-{component}")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+# ---- lint and validation ---------------------------------------------------------
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_lint_strict(helm: Callable[..., subprocess.CompletedProcess], value_set: str) -> None:
+    done = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *VALUE_SETS[value_set])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+def check_service_monitor(doc: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+    """No schema for prometheus-operator's kind here: the fields it needs, and that it selects the gateway."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(doc["spec"]) == {"selector", "namespaceSelector", "endpoints"}
+    assert doc["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert doc["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+    service = one(docs, "Service", "-gateway")
+    labels = service["metadata"]["labels"]
+    assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_rendered_manifest_validates(render: Callable[[str], list[dict[str, Any]]], value_set: str) -> None:
+    docs = render(value_set)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds.count("CustomResourceDefinition") == len(crd_files())
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":
+            check_service_monitor(doc, docs)
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+    assert ("ServiceMonitor" in kinds) == (value_set == "service-monitor")
+
+
+def test_validation_catches_a_misspelt_field(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    """The check above can fail: strict validation refuses a field Kubernetes does not know."""
+    deployment = json.loads(json.dumps(one(render("defaults"), "Deployment", "-gateway")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
+
+
+# ---- the CRDs: the repository's crds/, through a symlink -----------------------------
+def crd_files() -> list[Path]:
+    return sorted(p for p in (ROOT / "crds").glob("*.yaml"))
+
+
+def test_chart_crds_are_the_repository_crds(helm: Callable[..., subprocess.CompletedProcess],
+                                            tmp_path: Path) -> None:
+    link = CHART / "crds"
+    assert link.is_symlink() and link.readlink() == Path("../../crds")
+    assert crd_files(), "crds/*.yaml missing"
+    done = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (package,) = tmp_path.glob("autellix-*.tgz")
+    with tarfile.open(package) as tar:
+        packed = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    packed_crds = {n.removeprefix("autellix/crds/"): b for n, b in packed.items() if n.startswith("autellix/crds/")}
+    # helm follows the link; examples and the README stay out (.helmignore): Helm would install them as CRDs
+    assert packed_crds == {p.name: p.read_bytes() for p in crd_files()}
+    for body in packed_crds.values():
+        crd = yaml.safe_load(body)
+        assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["group"] == "autellix.ai"
+
+
+# ---- values.schema.json refuses bad values -------------------------------------------
+BAD_VALUES = [
+    ("negative replicas", ["--set", "gateway.replicas=-1"], "/gateway/replicas"),
+    ("unknown policy", ["--set", "scheduler.policy=sjf"], "/scheduler/policy"),
+    ("unknown scheduler key", ["--set", "scheduler.quantum=4"], "quantum"),
+    ("beta zero", ["--set", "scheduler.beta=0"], "/scheduler/beta"),
+    ("multi_step zero", ["--set", "scheduler.multi_step=0"], "/scheduler/multi_step"),
+    ("boundaries not numbers", ["--set-json", 'scheduler.boundaries=["a"]'], "/scheduler/boundaries"),
+    ("unknown top-level value", ["--set", "replicas=2"], "replicas"),
+    ("serviceMonitor.enabled not a boolean", ["--set-string", "metrics.serviceMonitor.enabled=yes"],
+     "/metrics/serviceMonitor/enabled"),
+    ("bad discovery mode", ["--set", "gateway.discovery.mode=dns"], "/gateway/discovery/mode"),
+    ("static without engines", ["--set", "gateway.discovery.mode=static"], "/gateway/discovery"),
+    ("namespace not a DNS label", ["--set", "gateway.discovery.namespace=Team_A"], "/gateway/discovery/namespace"),
+    ("operator namespace not a DNS label", ["--set-json", 'operator.namespaces=["ok","Not OK"]'],
+     "/operator/namespaces/1"),
+    ("service port out of range", ["--set", "gateway.service.port=70000"], "/gateway/service/port"),
+    ("engine URL without scheme", ["--set", "gateway.discovery.mode=static", "--set-json",
+                                   'gateway.discovery.engines=["10.0.0.1:8000"]'], "/gateway/discovery/engines/0"),
+    ("quanta and boundaries disagree", ["--set-json", 'scheduler.boundaries=[1,2]', "--set-json",
+                                        'scheduler.quanta=[8,16,32,64]'],
+     "scheduler.quanta: expected 3 values (one per queue, 2 boundaries), got 4"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "named"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_bad_values_are_refused_with_the_value_named(helm: Callable[..., subprocess.CompletedProcess], name: str,
+                                                     args: list[str], named: str) -> None:
+    done = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    assert done.returncode != 0, f"{name}: accepted"
+    assert named in done.stderr, done.stderr
+
+
+def test_schema_names_every_scheduler_parameter_and_nothing_else() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["scheduler"]["properties"]) == {f.name for f in dataclasses.fields(SchedulerConfig)}
+
+
+# ---- what the manifests say ------------------------------------------------------------
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def test_scheduler_values_become_the_core_config(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    env = env_of(container(render("scheduler"), "gateway"))
+    assert SchedulerConfig.from_env(env) == SchedulerConfig.from_mapping(SCHEDULER_VALUES["scheduler"])
+    assert env["AUTELLIX_LONG_PROMPT_TOKENS"] == "4096" and env["AUTELLIX_QUANTA"] == "32,64,128,inf"
+    # left out = the core's own defaults: the chart names none of them
+    assert not [k for k in env_of(container(render("defaults"), "gateway")) if k.startswith("AUTELLIX_")]
+
+
+def command_options(name: str) -> set[str]:
+    """The options of ``autellix <name>`` (the image's entry point), from the CLI itself."""
+    import typer.main
+
+    from autellix.cli import app
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    if name not in commands:
+        pytest.skip(f"no `autellix {name}` command yet")
+    return {opt for param in commands[name].params for opt in param.opts}
+
+
+@pytest.mark.parametrize(("value_set", "expected", "role_kind", "role_namespace"), [
+    ("defaults", [f"--namespace={NAMESPACE}"], "Role", NAMESPACE),
+    ("discovery-namespace", ["--namespace=engines"], "Role", "engines"),
+    ("all-namespaces", [], "ClusterRole", None),
+])
+def test_gateway_discovers_engines_with_a_read_only_role(render: Callable[[str], list[dict[str, Any]]],
+                                                         value_set: str, expected: list[str], role_kind: str,
+                                                         role_namespace: str | None) -> None:
+    docs = render(value_set)
+    args = container(docs, "gateway")["args"]
+    assert args == ["--host=0.0.0.0", "--port=8000", "--discovery=kubernetes",
+                    "--engine-selector=app.kubernetes.io/component=engine", "--engine-port-name=http", *expected]
+    assert {a.split("=", 1)[0] for a in args} <= command_options("gateway")
+    role = one(docs, role_kind, "-gateway")
+    assert role["metadata"].get("namespace") == role_namespace
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["list", "watch"]}]
+    binding = one(docs, f"{role_kind}Binding", "-gateway")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    account = one(docs, "ServiceAccount", "-gateway")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
+    deployment = one(docs, "Deployment", "-gateway")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
+
+
+def test_static_engines_need_no_role(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    docs = render("static-without-operator")
+    assert container(docs, "gateway")["args"] == ["--host=0.0.0.0", "--port=8000", "--engine=http://10.0.0.1:8000",
+                                                  "--engine=http://e2:8000"]
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap"}
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"] == [f"{RELEASE}-autellix-gateway"]
+    assert "annotations" not in one(docs, "Service", "-gateway")["metadata"]
+
+
+def test_gateway_service_is_the_openai_endpoint(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    docs = render("defaults")
+    service = one(docs, "Service", "-gateway")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    pod = one(docs, "Deployment", "-gateway")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "gateway"  # never an engine's label
+    gateway = container(docs, "gateway")
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert gateway["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert gateway["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    for scrape in (pod["metadata"]["annotations"], service["metadata"]["annotations"]):
+        assert scrape == {"prometheus.io/scrape": "true", "prometheus.io/port": "8000",
+                               "prometheus.io/path": "/metrics"}
+
+
+def test_operator_reaches_the_gateway_and_runs_with_least_privilege(
+        render: Callable[[str], list[dict[str, Any]]]) -> None:
+    docs = render("defaults")
+    args = container(docs, "operator")["args"]
+    assert f"--gateway-url=http://{RELEASE}-autellix-gateway.{NAMESPACE}.svc:80" in args
+    assert "--gateway-url=http://gw.example:8080" in container(render("autoscaling"), "operator")["args"]
+    tuned = container(render("autoscaling"), "operator")["args"]
+    assert {"--autoscale-interval=5", "--program-poll-interval=2.5", "--namespace=team-a", "--namespace=team-b"} <= set(
+        tuned)
+    assert container(docs, "operator")["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "--liveness=http://0.0.0.0:8080/healthz" in args
+    role = one(docs, "ClusterRole", "-operator")
+    granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+    assert not any(group == "kopf.zalando.org" for group, _ in granted)  # standalone: no peering objects
+    assert not any(resource == "secrets" for _, resource in granted)
+    assert granted[("autellix.ai", "autellixengines/status")] >= {"patch"}
+    assert granted[("autellix.ai", "agentprograms/finalizers")] == {"update"}
+    assert {"create", "patch", "delete"} <= granted[("apps", "deployments")]
+    assert {"create", "delete"} <= granted[("batch", "jobs")]
+    assert granted[("", "pods")] == {"get", "list", "watch", "patch"}
+    assert granted[("", "events")] == {"create", "patch"}
+    binding = one(docs, "ClusterRoleBinding", "-operator")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["metadata"]["name"].startswith(f"{NAMESPACE}-")  # cluster-scoped: one per release namespace
+
+
+def test_pods_run_unprivileged(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    for deployment in (d for d in render("defaults") if d["kind"] == "Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        context = spec["containers"][0]["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+        assert spec["securityContext"]["runAsUser"] == image_user()
+
+
+def test_dashboard_queries_only_metrics_the_gateway_exports(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    configmap = one(render("defaults"), "ConfigMap", "-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(configmap["data"]["autellix-gateway.json"])
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bautellix_[a-z_]+", target["expr"])}
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    exported = {family.name + suffix
+                for family in GatewayMetrics(lambda: [], lambda: {}).registry.collect()
+                for suffix in suffixes.get(family.type, [""])}
+    assert queried and queried <= exported, queried - exported
+    assert {"autellix_program_token_latency_seconds_bucket", "autellix_engine_inflight"} <= queried
+
+
+def test_notes_say_where_the_endpoint_is(helm: Callable[..., subprocess.CompletedProcess]) -> None:
+    done = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert f"http://{RELEASE}-autellix-gateway.{NAMESPACE}.svc:80/v1" in notes
+    assert "kubectl apply" in notes and "agentprogram" in notes.lower()
+    examples = re.findall(r"crds/examples/\S+\.yaml", notes)
+    assert examples and all((ROOT / path).is_file() for path in examples), examples
+
+
+# ---- the images the chart runs ------------------------------------------------------------
+def dockerfile(name: str) -> str:
+    return (ROOT / name / "Dockerfile").read_text()
+
+
+def image_user() -> int:
+    users = {int(m) for name in ("gateway", "operator") for m in re.findall(r"^USER (\d+)", dockerfile(name), re.M)}
+    assert len(users) == 1, users
+    return users.pop()
+
+
+@pytest.mark.parametrize("name", ["gateway", "operator"])
+def test_images_run_the_command_the_chart_configures(name: str) -> None:
+    text = dockerfile(name)
+    assert f'ENTRYPOINT ["autellix", "{name}"]' in text
+    assert re.search(r"pip install .*\[kube\]", text)
+    assert not (ROOT / "operator" / "__init__.py").exists()  # would shadow Python's operator module
+
+
+@pytest.mark.parametrize("value_set", ["defaults", "autoscaling"])
+def test_operator_arguments_are_options_of_its_command(render: Callable[[str], list[dict[str, Any]]],
+                                                       value_set: str) -> None:
+    args = container(render(value_set), "operator")["args"]
+    assert {a.split("=", 1)[0] for a in args} <= command_options("operator")
