@@ -77,9 +77,10 @@ class HttpLLM:
     """The ``LLM`` one program talks to: streaming chat calls, simulated tools."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, stat: ProgramStat, calls: list[CallStat],
-                 session: str | None) -> None:
+                 session: str | None, *, stream: bool = True) -> None:
         self._client, self._model, self._stat, self._calls = client, model, stat, calls
         self._session = session
+        self._stream = stream
         self._inflight = 0
 
     async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str:
@@ -93,30 +94,56 @@ class HttpLLM:
         self._stat.calls += 1
         self._inflight += 1
         self._stat.max_parallel = max(self._stat.max_parallel, self._inflight)
-        parts: list[str] = []
         try:
-            stream = await self._client.chat.completions.create(
-                model=self._model, messages=messages, max_tokens=max_tokens, stream=True,  # type: ignore[arg-type]
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, extra_headers=headers)
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    if call.first_token is None:
-                        call.first_token = time.monotonic()
-                    parts.append(chunk.choices[0].delta.content)
-                if chunk.usage is not None:
-                    call.prompt_tokens = chunk.usage.prompt_tokens
-                    call.completion_tokens = chunk.usage.completion_tokens
-                    metrics = (chunk.model_extra or {}).get("metrics") or {}
-                    if isinstance(metrics.get("queue_time_ms"), int | float):
-                        call.queue_s = metrics["queue_time_ms"] / 1e3
+            send = self._streamed if self._stream else self._whole
+            text = await send(call, messages, max_tokens, headers)
         finally:
             self._inflight -= 1
             call.finished = time.monotonic()
         self._stat.tokens += call.completion_tokens
+        return text
+
+    async def _streamed(self, call: CallStat, messages: list[dict[str, str]], max_tokens: int,
+                        headers: dict[str, str]) -> str:
+        parts: list[str] = []
+        stream = await self._client.chat.completions.create(
+            model=self._model, messages=messages, max_tokens=max_tokens, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, extra_headers=headers)
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if call.first_token is None:
+                    call.first_token = time.monotonic()
+                parts.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                _read_usage(call, chunk.usage, chunk.model_extra)
         return "".join(parts)
+
+    async def _whole(self, call: CallStat, messages: list[dict[str, str]], max_tokens: int,
+                     headers: dict[str, str]) -> str:
+        """One non-streamed call: far less work per token for the client and the
+        gateway, so many engines can be driven from one machine. Time to first
+        token then comes from the engine's per-request metrics."""
+        answer = await self._client.chat.completions.create(
+            model=self._model, messages=messages, max_tokens=max_tokens,  # type: ignore[arg-type]
+            extra_body={"ignore_eos": True}, extra_headers=headers)
+        metrics = _read_usage(call, answer.usage, answer.model_extra)
+        if isinstance(metrics.get("time_to_first_token_ms"), int | float):
+            call.first_token = call.submitted + metrics["time_to_first_token_ms"] / 1e3
+        return (answer.choices[0].message.content or "") if answer.choices else ""
 
     async def tool(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+def _read_usage(call: CallStat, usage: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """Token counts, and vLLM's per-request metrics when the engine sends them."""
+    if usage is not None:
+        call.prompt_tokens = usage.prompt_tokens
+        call.completion_tokens = usage.completion_tokens
+    metrics = (extra or {}).get("metrics") or {}
+    if isinstance(metrics.get("queue_time_ms"), int | float):
+        call.queue_s = metrics["queue_time_ms"] / 1e3
+    return metrics
 
 
 def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
@@ -155,7 +182,7 @@ async def prefix_cache_counters(engines: Sequence[str]) -> tuple[float, float]:
 
 
 async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
-                       engines: Sequence[str] = (), sessions: bool | None = None,
+                       engines: Sequence[str] = (), sessions: bool | None = None, stream: bool = True,
                        on_done: Callable[[ProgramStat], None] | None = None) -> RunResult:
     """Start each program at its Poisson arrival time; wait for all to finish."""
     base = target.rstrip("/")
@@ -175,7 +202,7 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
         try:
             if sessions:
                 session = (await client.post("/sessions", cast_to=object))["id"]  # type: ignore[index]
-            await program.run(HttpLLM(client, model, stat, calls, session))
+            await program.run(HttpLLM(client, model, stat, calls, session, stream=stream))
         except Exception as exc:  # recorded, not raised: one failed program must not stop the run
             stat.error = f"{type(exc).__name__}: {exc}"
         finally:

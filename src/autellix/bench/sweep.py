@@ -138,26 +138,27 @@ def sustained_rates(results: dict[str, dict[str, Any]], rates: Sequence[float],
     lowest = str(rates[0])
     base = min((r[lowest]["mean_token_latency"] for r in results.values() if lowest in r), default=math.nan)
     bound = bound_factor * base
-    sustained: dict[str, float] = {}
-    for name, by_rate in results.items():
-        best = 0.0
-        prev_rate, prev_lat = None, None
-        for rate in rates:
-            lat = by_rate[str(rate)]["mean_token_latency"]
-            if lat <= bound:
-                best = rate
-            elif prev_lat is not None and prev_lat <= bound and prev_rate is not None:
-                best = prev_rate + (rate - prev_rate) * (bound - prev_lat) / (lat - prev_lat)
-                break
-            else:
-                break
-            prev_rate, prev_lat = rate, lat
-        sustained[name] = best
+    sustained = {name: highest_rate_under(by_rate, rates, bound) for name, by_rate in results.items()}
     ratios = {}
     for other in ("vllm", "vllm-opt"):
         if "autellix" in sustained and sustained.get(other):
             ratios[f"autellix/{other}"] = sustained["autellix"] / sustained[other]
     return {"latency_bound": bound, "bound_factor": bound_factor, "rates": sustained, "ratios": ratios}
+
+
+def highest_rate_under(by_rate: dict[str, Any], rates: Sequence[float], bound: float) -> float:
+    """The highest rate whose mean token latency stays under ``bound``, interpolated
+    linearly between swept rates (0 when even the lowest rate exceeds it)."""
+    best, prev = 0.0, None
+    for rate in rates:
+        lat = by_rate[str(rate)]["mean_token_latency"]
+        if lat <= bound:
+            best, prev = rate, (rate, lat)
+            continue
+        if prev is not None:
+            best = prev[0] + (rate - prev[0]) * (bound - prev[1]) / (lat - prev[1])
+        break
+    return best
 
 
 def loaded_comparison(results: dict[str, dict[str, Any]], rates: Sequence[float],

@@ -10,7 +10,10 @@ endpoints (``autellix.engine.feedback``). Each request becomes a
 :class:`~autellix.sim.engine_model.EngineModel` and sleeps each step's modelled
 duration, so many engines (8, 16) run in one process on a 2-core machine.
 ``time_scale`` stretches or shrinks model time (0.1: ten times faster than the
-profiled hardware); every time the server reports is wall time.
+profiled hardware); every time the server reports is wall time. ``coalesce``
+runs stretches of decode-only steps as one (the simulator's ``step_until``),
+so one process keeps up with many fast engines; calls that arrive during a
+stretch wait for its end.
 
 Text is bytes, as with the tiny model: one token is one UTF-8 byte of the
 prompt as rendered below (chat messages in a fixed, prefix-stable template, so
@@ -165,7 +168,7 @@ class EmulatedEngine:
 
     def __init__(self, profile: EngineProfile, *, model_name: str = "emulated", scheduler: str = "autellix",
                  config: SchedulerConfig | None = None, prefix_caching: bool = True, time_scale: float = 1.0,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, coalesce: float = 0.0) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {scheduler!r}; choose from {', '.join(SCHEDULERS)}")
         if time_scale <= 0:
@@ -173,6 +176,10 @@ class EmulatedEngine:
         self.profile, self.model_name, self.scheduler = profile, model_name, scheduler
         self.model = EngineModel(profile, scheduler=scheduler, config=config, prefix_caching=prefix_caching)
         self.time_scale = time_scale
+        #: Model seconds of decode-only steps run as one (0: every step on its own).
+        #: Fewer wake-ups let one process emulate many engines; a call that
+        #: arrives meanwhile waits for the end of the stretch.
+        self.coalesce = coalesce
         self.max_model_len = max_model_len or profile.max_model_len
         self.faults = Faults()
         self.metrics = EngineMetrics(model_name)
@@ -209,7 +216,8 @@ class EmulatedEngine:
                 await self._work.wait()
                 deadline = time.monotonic()
                 continue
-            result = self.model.step(self.now())
+            now = self.now()
+            result = self.model.step_until(now, now + self.coalesce) if self.coalesce > 0 else self.model.step(now)
             self.steps += 1
             # An absolute schedule: a late wake-up shortens the next sleep, so
             # model time does not drift behind wall time over many steps.
