@@ -30,9 +30,15 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-@app.command()
+sim_app = typer.Typer(help="Simulators: unit steps (the paper's toy figures) or agent programs on modelled engines.")
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.callback(invoke_without_command=True)
 def sim(
-    workload: Annotated[str, typer.Option(help="figure2, figure9 or random")] = "figure2",
+    ctx: typer.Context,
+    workload: Annotated[str, typer.Option(
+        help="Unit steps: figure2, figure9, random; with --engine-profile: sharegpt, bfcl, lats, mixed")] = "figure2",
     batch_size: Annotated[int, typer.Option(min=1, help="Calls per batch step")] = 2,
     policies: Annotated[str, typer.Option(help="Comma-separated: fcfs,mlfq,plas,atlas")] = "fcfs,mlfq,plas,atlas",
     seed: Annotated[int, typer.Option(help="Seed of the random workload")] = 0,
@@ -42,16 +48,38 @@ def sim(
     quanta: Annotated[str | None, typer.Option(help="Quanta in steps, one per queue, e.g. 1,2,4,8,inf")] = None,
     beta: Annotated[float | None, typer.Option(help="Anti-starvation ratio (inf disables)")] = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="table or json")] = OutputFormat.table,
+    engine_profile: Annotated[str | None, typer.Option(
+        help="Simulate agent programs on engines of this profile (a bundled name or a JSON path)")] = None,
+    system: Annotated[str, typer.Option(help="With --engine-profile, comma-separated: vllm, vllm-opt, "
+                                        "vllm-priority, mlfq, plas, autellix")] = "autellix",
+    engines: Annotated[int, typer.Option(min=1, help="With --engine-profile: engines behind the balancer")] = 1,
+    balancer: Annotated[str | None, typer.Option(
+        help="algorithm2 (autellix), least_used or round_robin (default: $AUTELLIX_BALANCER)")] = None,
+    calibration: Annotated[str, typer.Option(help="With --engine-profile: paper or raw programs")] = "paper",
+    stats: Annotated[bool, typer.Option("--stats", help="Report the simulator's events/s and simulated/wall time")] = (
+        False),
+    max_num_seqs: Annotated[int | None, typer.Option(
+        min=1, help="With --engine-profile: override the profile's running-call slots")] = None,
 ) -> None:
-    """Run the policy core on the unit-cost step simulator and compare policies."""
+    """Run the policy core on the unit-cost step simulator and compare policies, or, with
+    --engine-profile, the benchmark's agent programs on modelled engines in simulated time."""
+    if ctx.invoked_subcommand is not None:
+        return
     from autellix.core import ConfigError, policy_by_name
+
+    if engine_profile is not None:
+        _sim_programs(engine_profile, workload=workload, programs=programs, rate=rate, seed=seed, systems=system,
+                      engines=engines, balancer=balancer, calibration=calibration, beta=beta, stats=stats,
+                      output=output, max_num_seqs=max_num_seqs)
+        return
     from autellix.sim import UNIT_STEP_CONFIG
     from autellix.sim.report import print_table, to_json
     from autellix.sim.unit import simulate
     from autellix.sim.workloads import WORKLOADS, random_programs
 
     if workload not in WORKLOADS:
-        raise _fail(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}")
+        raise _fail(f"unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)} "
+                    "(agent workloads need --engine-profile)")
     try:
         config = UNIT_STEP_CONFIG.with_overrides(boundaries=boundaries, quanta=quanta, beta=beta)
         chosen = [policy_by_name(name.strip()) for name in policies.split(",") if name.strip()]
@@ -65,6 +93,148 @@ def sim(
         print_table(results, f"{workload}, batch size {batch_size}, quanta {list(config.quanta)}")
 
 
+@sim_app.command("sweep")
+def sim_sweep(
+    engine_profile: Annotated[str, typer.Option(help="Engine profile (bundled name or JSON path)")] = (
+        "a100-llama3.1-8b"),
+    figures: Annotated[str, typer.Option(help="Comma-separated: 12 (systems), 14 (engines x balancers)")] = "12,14",
+    workloads: Annotated[str | None, typer.Option(
+        help="Comma-separated workloads (default: all four for 12, sharegpt and lats for 14)")] = None,
+    engines: Annotated[str, typer.Option(help="Figure 14: comma-separated engine counts")] = "1,2,4,8",
+    seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
+    max_num_seqs: Annotated[int | None, typer.Option(min=1, help="Override the profile's running-call slots")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for sim-sweep.json and the PNG plots")] = Path("sim-results"),
+) -> None:
+    """The paper's Figure 12 (4 workloads x 4 systems, one engine) and Figures 14/15 (1-8 engines,
+    round robin vs least used vs Algorithm 2) in simulation: JSON, plots, throughput ratios."""
+    import time
+
+    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.sweep import A100_LOADS, MULTI_LOADS, figure12, figure14, write_report
+
+    chosen = {f.strip() for f in figures.split(",") if f.strip()}
+    if not chosen or not chosen <= {"12", "14"}:
+        raise _fail(f"--figures: expected 12 and/or 14, got {figures!r}")
+    names = [w.strip() for w in workloads.split(",") if w.strip()] if workloads else None
+    try:
+        profile = EngineProfile.load(engine_profile).with_overrides(max_num_seqs=max_num_seqs)
+        counts = [int(n) for n in engines.split(",") if n.strip()]
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    for name in names or ():
+        if name not in A100_LOADS:
+            raise _fail(f"unknown workload {name!r}; expected some of {', '.join(A100_LOADS)}")
+    if "14" in chosen and names and not set(names) & set(MULTI_LOADS):
+        raise _fail(f"figure 14 runs {', '.join(MULTI_LOADS)}")
+    if any(n < 1 for n in counts):
+        raise _fail("--engines: counts must be >= 1")
+    progress = lambda line: typer.echo(line, err=True)  # noqa: E731
+    started = time.perf_counter()
+    report: dict = {"profile": profile.name, "max_num_seqs": profile.max_num_seqs, "seed": seed}
+    if "12" in chosen:
+        report["figure12"] = figure12(profile, workloads=names or tuple(A100_LOADS), seed=seed, progress=progress)
+    if "14" in chosen:
+        multi = [w for w in (names or MULTI_LOADS) if w in MULTI_LOADS]
+        report["figure14"] = figure14(profile, workloads=multi, engine_counts=counts, seed=seed, progress=progress)
+    report["wall_seconds"] = time.perf_counter() - started
+    for path in write_report(report, out):
+        typer.echo(f"wrote {path}")
+    for workload, data in (report.get("figure12") or {}).items():
+        sustained = data["sustained"]
+        typer.echo(f"figure 12 {workload}: sustained rates " + ", ".join(
+            f"{k} {v:.3g}/s" for k, v in sustained["rates"].items()) + "; " + ", ".join(
+            f"{k} {v:.2f}x" for k, v in sustained["ratios"].items()))
+    for workload, data in (report.get("figure14") or {}).items():
+        for n, by_n in data["engines"].items():
+            typer.echo(f"figure 14 {workload} {n} engines: sustained " + ", ".join(
+                f"{k} {v:.3g}/s" for k, v in by_n["sustained"]["rates"].items()) + "; " + ", ".join(
+                f"{k} {v:.2f}x" for k, v in by_n["ratios"].items()))
+
+
+@sim_app.command("fidelity")
+def sim_fidelity(
+    measured: Annotated[Path, typer.Option(help="An `autellix bench sweep` report (JSON)")] = Path(
+        "docs/img/bfcl-sweep.json"),
+    engine_profile: Annotated[str, typer.Option(help="Engine profile of the engine that was measured")] = "cpu-tiny",
+    systems: Annotated[str | None, typer.Option(help="Comma-separated systems (default: all in the report)")] = None,
+    output: Annotated[OutputFormat, typer.Option("--format", help="table or json")] = OutputFormat.table,
+) -> None:
+    """Replay a real benchmark sweep in the simulator: simulated vs measured program token latency."""
+    import json
+
+    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.fidelity import compare_file
+
+    try:
+        profile = EngineProfile.load(engine_profile)
+        rows = compare_file(measured, profile, [s.strip() for s in systems.split(",")] if systems else None)
+    except (ValueError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from None
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{measured}: measured vs simulated on {profile.name}")
+    for column in ("system", "rate", "measured ms/token", "simulated ms/token", "error"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(row["system"], f"{row['rate']}", f"{1e3 * row['measured']['mean_token_latency']:.2f}",
+                      f"{1e3 * row['simulated']['mean_token_latency']:.2f}", f"{100 * row['error']:+.1f}%")
+    Console().print(table)
+
+
+def _sim_programs(profile_name: str, *, workload: str, programs: int, rate: float | None, seed: int, systems: str,
+                  engines: int, balancer: str | None, calibration: str, beta: float | None, stats: bool,
+                  output: OutputFormat, max_num_seqs: int | None = None) -> None:
+    import json
+
+    from autellix.bench.programs import make_programs
+    from autellix.core import ConfigError, SchedulerConfig
+    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.serving import SYSTEMS, balancer_name, sim_summary, simulate_programs, speed_stats
+
+    names = [s.strip() for s in systems.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown or not names:
+        raise _fail(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
+    try:
+        profile = EngineProfile.load(profile_name).with_overrides(max_num_seqs=max_num_seqs)
+        config = SchedulerConfig.from_env().with_overrides(beta=beta, balancer=balancer_name(balancer))
+        batch = make_programs(workload, programs, seed=seed, calibration=calibration)
+    except (ValueError, ConfigError, FileNotFoundError) as exc:
+        raise _fail(str(exc)) from None
+    rate = 1.0 if rate is None else rate
+    if rate <= 0:
+        raise _fail("--rate must be > 0 programs per second")
+    results = {}
+    for name in names:
+        run = simulate_programs(batch, profile=profile, system=name, rate=rate, seed=seed, engines=engines,
+                                config=config)
+        results[name] = sim_summary(run) | ({"simulator": speed_stats(run)} if stats else {})
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(results, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    columns = [("completed", "done"), ("mean_token_latency", "mean s/tok"), ("p95_token_latency", "P95"),
+               ("p99_token_latency", "P99"), ("programs_per_s", "prog/s"), ("mean_call_queue_s", "queue s"),
+               ("jain_fairness", "Jain"), ("prefix_cache_hit_rate", "cache hit"), ("engine_utilization", "busy")]
+    if stats:
+        columns += [("events_per_second", "events/s"), ("sim_to_wall_ratio", "sim/wall")]
+    table = Table(title=f"{workload}: {programs} programs at {rate}/s on {engines} x {profile.name} "
+                        f"(balancer {config.balancer})")
+    table.add_column("system")
+    for _, label in columns:
+        table.add_column(label, justify="right")
+    for name in names:
+        row = results[name] | results[name].get("simulator", {})
+        table.add_row(name, *(f"{row[k]:.4g}" if isinstance(row[k], float) else str(row[k]) for k, _ in columns))
+    Console().print(table)
+
+
 def _scheduler_config(policy: str | None, beta: float | None, balancer: str | None):
     from autellix.core import ConfigError, SchedulerConfig
 
@@ -74,9 +244,21 @@ def _scheduler_config(policy: str | None, beta: float | None, balancer: str | No
         raise _fail(str(exc)) from None
 
 
+class DiscoveryKind(enum.StrEnum):
+    static = "static"
+    kubernetes = "kubernetes"
+
+
 @app.command()
 def gateway(
-    engine: Annotated[list[str], typer.Option("--engine", help="Engine base URL (repeatable)")],
+    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine base URL (repeatable; static)")] = None,
+    discovery: Annotated[DiscoveryKind, typer.Option(
+        help="static: the --engine URLs; kubernetes: ready endpoints of the engine Services")] = DiscoveryKind.static,
+    engine_selector: Annotated[str, typer.Option(
+        help="kubernetes: label selector of the engines' EndpointSlices")] = "app.kubernetes.io/component=engine",
+    namespace: Annotated[str | None, typer.Option(help="kubernetes: namespace to watch (default: all)")] = None,
+    engine_port_name: Annotated[str, typer.Option(
+        help="kubernetes: name of the engines' HTTP port (8000 when a slice has none of that name)")] = "http",
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
     policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
@@ -90,8 +272,19 @@ def gateway(
     from autellix.gateway.app import GatewayConfig
     from autellix.gateway.serve import serve
 
-    config = GatewayConfig(engines=engine, scheduler=_scheduler_config(policy, beta, balancer),
-                           tokenizer=tokenizer, api_keys_file=api_keys_file, max_body_bytes=max_body_bytes)
+    engines = list(engine or [])
+    source = None
+    if discovery is DiscoveryKind.static and not engines:
+        raise _fail("give at least one --engine URL, or --discovery kubernetes")
+    if discovery is DiscoveryKind.kubernetes:
+        if engines:
+            raise _fail("--engine is for --discovery static; kubernetes discovery finds the engines itself")
+        from autellix.gateway.kube_discovery import KubeDiscovery
+
+        source = KubeDiscovery(engine_selector, namespace or None, port_name=engine_port_name)
+    config = GatewayConfig(engines=engines, scheduler=_scheduler_config(policy, beta, balancer),
+                           tokenizer=tokenizer, api_keys_file=api_keys_file, max_body_bytes=max_body_bytes,
+                           discovery=source)
     serve(config, host, port)
 
 
@@ -152,6 +345,91 @@ def engine(
     cmd = server_command(model, port, host=host, scheduler=scheduler, extra_args=extra)
     typer.echo(" ".join(cmd), err=True)
     os.execvpe(cmd[0], cmd, engine_env(port, config))  # the engine replaces this process: signals reach it
+
+
+@app.command()
+def operator(
+    gateway_url: Annotated[str, typer.Option(envvar="AUTELLIX_GATEWAY_URL",
+                                             help="The gateway's base URL (sessions, engine drain)")] = (
+        "http://autellix-gateway"),
+    gateway_api_key: Annotated[str | None, typer.Option(envvar="AUTELLIX_GATEWAY_API_KEY",
+                                                        help="API key for the gateway, if it needs one")] = None,
+    namespace: Annotated[list[str] | None, typer.Option(
+        "--namespace", help="Namespace to serve (repeatable; default: the whole cluster)")] = None,
+    autoscale_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between autoscaler decisions")] = 15.0,
+    program_poll_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between session reads")] = 5.0,
+    liveness: Annotated[str | None, typer.Option(
+        help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")] = None,
+    verbose: Annotated[bool, typer.Option(help="Debug logging")] = False,
+) -> None:
+    """The Kubernetes operator: AutellixEngine -> engine Deployment + Service (autoscaled),
+    AgentProgram -> Job + gateway session (docs/operator.md)."""
+    import asyncio
+
+    import kopf
+
+    from autellix.kube.handlers import OperatorConfig
+    from autellix.kube.run import run_operator
+
+    if not gateway_url.startswith(("http://", "https://")):
+        raise _fail(f"--gateway-url: expected an http(s) URL, got {gateway_url!r}")
+    kopf.configure(verbose=verbose)
+    config = OperatorConfig(gateway_url=gateway_url.rstrip("/"), gateway_api_key=gateway_api_key,
+                            autoscale_interval=autoscale_interval, program_poll_interval=program_poll_interval)
+    from kubernetes_asyncio.config import ConfigException
+
+    try:
+        asyncio.run(run_operator(config, namespaces=list(namespace or []), liveness_endpoint=liveness))
+    except ConfigException as exc:
+        raise _fail(f"no Kubernetes credentials (in-cluster service account or kubeconfig): {exc}") from None
+
+
+@app.command()
+def profile(
+    target: Annotated[str, typer.Option(help="Base URL of a running vLLM engine (--enable-per-request-metrics)")],
+    name: Annotated[str, typer.Option(help="Profile name")] = "cpu-tiny",
+    out: Annotated[Path | None, typer.Option(help="Where to write the profile JSON (default: ./<name>.json)")] = None,
+    model: Annotated[str, typer.Option(help="Model name to request")] = "tiny-llama",
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="The engine's --max-num-seqs")] = 4,
+    max_num_batched_tokens: Annotated[int, typer.Option(min=1, help="The engine's --max-num-batched-tokens")] = 1024,
+    max_model_len: Annotated[int, typer.Option(min=1, help="The engine's --max-model-len")] = 8192,
+    block_size: Annotated[int | None, typer.Option(min=1, help="KV block size (default: read from /metrics)")] = None,
+    kv_blocks: Annotated[int | None, typer.Option(min=1, help="KV blocks (default: read from /metrics)")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Runs of each controlled batch")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the random prompts")] = 0,
+) -> None:
+    """Drive a running engine with controlled batches and fit the simulator's step cost model."""
+    import asyncio
+    import datetime
+    import json
+
+    from autellix.sim.cost_model import StepCost
+    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.profiling import DEFAULT_GROUPS, INTERFERENCE, build_profile, engine_cache_config, measure
+
+    try:
+        cache = engine_cache_config(target)
+    except OSError as exc:
+        raise _fail(f"cannot read {target}/metrics: {exc}") from None
+    block_size = block_size or cache.get("block_size")
+    kv_blocks = kv_blocks or cache.get("num_gpu_blocks")
+    if not block_size or not kv_blocks:
+        raise _fail("the engine's /metrics has no vllm:cache_config_info: pass --block-size and --kv-blocks")
+    try:
+        base = EngineProfile(name, block_size, kv_blocks, max_num_seqs, max_num_batched_tokens,
+                             StepCost(0.0, 0.0, 0.0, 0.0), max_model_len=max_model_len)
+        measured = asyncio.run(measure(target, DEFAULT_GROUPS + INTERFERENCE, model=model, repeats=repeats, seed=seed,
+                                       progress=lambda line: typer.echo(line, err=True)))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    engine_info = {"target": target, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
+                   "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    data = build_profile(measured, base, engine=engine_info)
+    path = out or Path(f"{name}.json")
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    fit = data["fit"]
+    typer.echo(f"wrote {path}: step = {data['cost']} (R^2 {fit['r2']:.3f}, "
+               f"mean |error| {100 * fit['mean_abs_rel_error']:.1f}% over {fit['samples']} timings)")
 
 
 bench_app = typer.Typer(help="Agent-program benchmarks against any OpenAI endpoint.")
@@ -243,3 +521,141 @@ def bench_sweep(
         typer.echo(f"at {row['rate']}/s (vllm at {row['vllm_load']:.1f}x its unloaded latency): autellix cuts mean "
                    f"token latency {row['latency_cut_vs_vllm']:.2f}x; its P99 is "
                    f"{row.get('p99_vs_vllm_opt', float('nan')):.2f}x vllm-opt's")
+
+
+@app.command()
+def emulate(
+    port: Annotated[list[int] | None, typer.Option(
+        "--port", help="Engine port (repeatable, one engine each); one port and --engines N: N from there")] = None,
+    engines: Annotated[int, typer.Option(min=1, max=64, help="Emulated engines, one port each")] = 1,
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    profile: Annotated[str, typer.Option(help="Engine profile: a name in autellix/sim/profiles or a JSON path")] = (
+        "cpu-tiny"),
+    scheduler: Annotated[str, typer.Option(help="autellix, vllm-priority, fcfs or mlfq")] = "autellix",
+    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
+    time_scale: Annotated[float, typer.Option(min=0.001, help="Wall seconds per model second (0.1: 10x faster)")] = (
+        1.0),
+    model: Annotated[str, typer.Option(help="Served model name")] = "emulated",
+    prefix_caching: Annotated[bool, typer.Option(help="Model prefix caching")] = True,
+    max_num_seqs: Annotated[int | None, typer.Option(min=1, help="Override the profile's running-call limit")] = None,
+    coalesce_ms: Annotated[float, typer.Option(min=0, help="Run decode-only steps in stretches of this many "
+                                                          "modelled ms (0: step by step)")] = 0.0,
+) -> None:
+    """Emulated vLLM engines: the simulator's engine model behind vLLM's HTTP API, in real time."""
+    import asyncio
+    import contextlib
+
+    from autellix.core import ConfigError, SchedulerConfig
+    from autellix.sim.emulator import SCHEDULERS, EmulatedEngine, serve
+    from autellix.sim.engine_model import EngineProfile
+
+    if scheduler not in SCHEDULERS:
+        raise _fail(f"unknown scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+    try:
+        config = SchedulerConfig.from_env().with_overrides(policy=policy)
+        engine_profile = EngineProfile.load(profile)
+        if max_num_seqs is not None:
+            engine_profile = engine_profile.with_overrides(max_num_seqs=max_num_seqs)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+
+    ports = list(port or [8100])
+    if len(ports) == 1:
+        ports = list(range(ports[0], ports[0] + engines))
+    elif engines not in (1, len(ports)):
+        raise _fail(f"--engines {engines} but {len(ports)} ports given")
+
+    async def main() -> None:
+        pool = [EmulatedEngine(engine_profile, model_name=model, scheduler=scheduler, config=config,
+                               prefix_caching=prefix_caching, time_scale=time_scale, coalesce=coalesce_ms / 1e3)
+                for _ in ports]
+        typer.echo(f"{len(ports)} emulated engine(s) ({engine_profile.name}, {scheduler}, time x{time_scale}) on "
+                   + ", ".join(f"http://{host}:{p}" for p in ports), err=True)
+        await serve(pool, host, ports)
+
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it stops
+        asyncio.run(main())
+
+
+cluster_app = typer.Typer(help="Many emulated engines behind the real gateway (autellix emulate).")
+bench_app.add_typer(cluster_app, name="cluster")
+
+
+def _cluster_settings(profile: str, time_scale: float, max_num_seqs: int, arrival_seconds: float):
+    from autellix.bench.cluster import ClusterSettings
+
+    return ClusterSettings(profile=profile, time_scale=time_scale, max_num_seqs=max_num_seqs,
+                           arrival_seconds=arrival_seconds)
+
+
+def _write_json(report: dict, out: Path, name: str) -> Path:
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return path
+
+
+ClusterProfile = Annotated[str, typer.Option(help="Engine profile of the emulated engines")]
+ClusterScale = Annotated[float, typer.Option(min=0.01, help="Wall seconds per modelled second")]
+ClusterSeqs = Annotated[int, typer.Option(min=1, help="Running calls per engine")]
+ClusterWindow = Annotated[float, typer.Option(min=1, help="Seconds of arrivals per rate")]
+
+
+@cluster_app.command("balancers")
+def bench_cluster_balancers(
+    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "sharegpt",
+    engines: Annotated[int, typer.Option(min=1, max=64, help="Emulated engines")] = 4,
+    rates: Annotated[str | None, typer.Option(help="Comma-separated rates (default: engines x per-engine rates)")] = (
+        None),
+    balancers: Annotated[str, typer.Option(help="Comma-separated: round_robin,least_used,autellix")] = (
+        "round_robin,least_used,autellix"),
+    seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
+    profile: ClusterProfile = "a100-llama3.1-8b",
+    time_scale: ClusterScale = 0.25,
+    max_num_seqs: ClusterSeqs = 4,
+    arrival_seconds: ClusterWindow = 20.0,
+    out: Annotated[Path, typer.Option(help="Folder for the JSON report")] = Path("bench-results"),
+) -> None:
+    """Figure 14: the gateway's balancers side by side on emulated engines."""
+    from autellix.bench.cluster import run_balancers
+
+    try:
+        rate_list = [float(r) for r in rates.split(",") if r.strip()] if rates else None
+        report = run_balancers(workload, engines=engines, rates=rate_list,
+                               balancers=[b.strip() for b in balancers.split(",") if b.strip()],
+                               settings=_cluster_settings(profile, time_scale, max_num_seqs, arrival_seconds),
+                               seed=seed, progress=lambda line: typer.echo(line, err=True))
+    except (ValueError, KeyError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"wrote {_write_json(report, out, f'cluster-{workload}-{engines}-balancers.json')}")
+    for key, ratio in report["sustained"]["ratios"].items():
+        typer.echo(f"throughput at equal latency {key}: {ratio:.2f}x")
+
+
+@cluster_app.command("scaling")
+def bench_cluster_scaling(
+    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "sharegpt",
+    engines: Annotated[str, typer.Option(help="Comma-separated engine counts")] = "1,2,4,8",
+    balancer: Annotated[str, typer.Option(help="round_robin, least_used or autellix")] = "autellix",
+    seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
+    profile: ClusterProfile = "a100-llama3.1-8b",
+    time_scale: ClusterScale = 0.25,
+    max_num_seqs: ClusterSeqs = 4,
+    arrival_seconds: ClusterWindow = 20.0,
+    out: Annotated[Path, typer.Option(help="Folder for the JSON report")] = Path("bench-results"),
+) -> None:
+    """Figure 15: sustainable rate against the engine count."""
+    from autellix.bench.cluster import run_scaling
+
+    try:
+        counts = [int(n) for n in engines.split(",") if n.strip()]
+        report = run_scaling(workload, engine_counts=counts, balancer=balancer,
+                             settings=_cluster_settings(profile, time_scale, max_num_seqs, arrival_seconds),
+                             seed=seed, progress=lambda line: typer.echo(line, err=True))
+    except (ValueError, KeyError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"wrote {_write_json(report, out, f'cluster-{workload}-scaling.json')}")
+    for n, rate in report["sustained"].items():
+        typer.echo(f"{n} engine(s): sustains {rate:.2f} programs/s ({report['speedup'][n]:.2f}x one engine's)")

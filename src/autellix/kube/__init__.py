@@ -1,0 +1,14 @@
+"""The Kubernetes operator (``autellix operator``): AutellixEngine and AgentProgram.
+
+Pure parts (spec parsing, manifests, conditions, the autoscaler's decision) are
+functions tested directly; ``kubeapi`` and ``gateway_client`` are thin I/O
+adapters; ``handlers`` wires them into kopf, a few lines per handler.
+"""
+
+GROUP = "autellix.ai"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+ENGINE_KIND = "AutellixEngine"
+ENGINE_PLURAL = "autellixengines"
+PROGRAM_KIND = "AgentProgram"
+PROGRAM_PLURAL = "agentprograms"

@@ -1,0 +1,317 @@
+"""kopf handlers: a few lines each over the pure parts and the two clients.
+
+AutellixEngine: create/update/resume apply the Deployment and Service; events
+of those children (a delete, an edit, a rollout's progress) re-apply them and
+refresh the status; a timer autoscales. AgentProgram: create opens the session
+and starts the Job; a timer mirrors the session into status and ends it when
+the Job finishes; delete (a finalizer) ends it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from autellix.kube import API_VERSION, ENGINE_KIND, ENGINE_PLURAL, GROUP, PROGRAM_KIND, PROGRAM_PLURAL, VERSION
+from autellix.kube.autoscaler import EngineLoad, Sample, desired_replicas, plan, trim
+from autellix.kube.endpoints import endpoint_pods
+from autellix.kube.gateway_client import GatewayClient, GatewayError
+from autellix.kube.kubeapi import KubeApi, NotOwned, object_path
+from autellix.kube.manifests import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    POD_DELETION_COST,
+    engine_deployment,
+    engine_service,
+    job_name,
+    job_outcome,
+    program_job,
+)
+from autellix.kube.spec import EngineSpec, SpecError, parse_engine, parse_program
+from autellix.kube.status import engine_status, load_status, now_iso, parse_iso, session_status
+
+log = logging.getLogger("autellix.kube")
+
+ENGINES = (GROUP, VERSION, ENGINE_PLURAL)
+PROGRAMS = (GROUP, VERSION, PROGRAM_PLURAL)
+RUNNING_PHASES = ("Pending", "Running")
+
+
+@dataclass
+class OperatorConfig:
+    #: The gateway's base URL inside the cluster (the chart's gateway Service).
+    gateway_url: str = "http://autellix-gateway"
+    gateway_api_key: str | None = None
+    #: Seconds between two autoscaler decisions of one AutellixEngine.
+    autoscale_interval: float = 15.0
+    #: Seconds between two reads of a running AgentProgram's session.
+    program_poll_interval: float = 5.0
+    #: Seconds before a failed handler runs again (an API or gateway error).
+    retry_backoff: float = 10.0
+
+
+@dataclass
+class Context:
+    """What every handler needs; kopf hands it over in ``memo``."""
+
+    api: KubeApi
+    gateway: GatewayClient
+    config: OperatorConfig
+    #: Engine URL -> when the autoscaler removed it (a pod on its way out is not counted again).
+    removed: dict[str, float] = field(default_factory=dict)
+
+
+# ---- AutellixEngine ---------------------------------------------------------------
+def _engine_path(namespace: str, name: str, subresource: str | None = None) -> str:
+    return object_path(API_VERSION, ENGINE_KIND, namespace, name, subresource)
+
+
+async def _write_status(ctx: Context, path: str, previous: dict[str, Any], changes: dict[str, Any]) -> None:
+    if any(previous.get(k) != v for k, v in changes.items()):
+        await ctx.api.merge_patch(path + "/status", {"status": changes})
+
+
+async def reconcile_engine(ctx: Context, engine: dict[str, Any]) -> EngineSpec:
+    """Apply the engine's children and write its status (an invalid spec: kopf.PermanentError, reported)."""
+    meta, status = engine["metadata"], engine.get("status") or {}
+    name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
+    path = _engine_path(namespace, name)
+    try:
+        spec = parse_engine(engine.get("spec") or {})
+    except SpecError as exc:
+        await _write_status(ctx, path, status, engine_status(
+            status, desired=0, deployment=None, reconciled=(False, "InvalidSpec", str(exc)), now=now_iso(),
+            generation=generation))
+        raise kopf.PermanentError(str(exc)) from None
+    try:
+        results = [await ctx.api.apply(engine_deployment(name, namespace, uid, spec)),
+                   await ctx.api.apply(engine_service(name, namespace, uid))]
+    except NotOwned as exc:
+        await _write_status(ctx, path, status, engine_status(
+            status, desired=spec.desired_replicas, deployment=None, reconciled=(False, "NameTaken", str(exc)),
+            now=now_iso(), generation=generation))
+        raise kopf.TemporaryError(str(exc), delay=ctx.config.retry_backoff * 6) from None
+    live = await ctx.api.get(object_path("apps/v1", "Deployment", namespace, name))
+    message = f"Deployment {results[0]}, Service {results[1]}."
+    await _write_status(ctx, path, status, engine_status(
+        status, desired=spec.desired_replicas, deployment=live, reconciled=(True, "Applied", message), now=now_iso(),
+        generation=generation))
+    return spec
+
+
+def _owner(body: dict[str, Any], kind: str) -> str | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == kind and ref.get("apiVersion", "").startswith(GROUP + "/"):
+            return ref.get("name")
+    return None
+
+
+async def engine_child_event(ctx: Context, body: dict[str, Any]) -> None:
+    """A child changed, vanished or progressed: re-apply what drifted and refresh the status."""
+    owner, namespace = _owner(body, ENGINE_KIND), body.get("metadata", {}).get("namespace")
+    if owner is None or namespace is None:
+        return
+    engine = await ctx.api.get(_engine_path(namespace, owner))
+    if engine is None or engine["metadata"].get("deletionTimestamp"):
+        return  # the engine is gone: the garbage collector removes its children
+    with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):  # reported in the engine's status
+        await reconcile_engine(ctx, engine)
+
+
+async def engine_loads(ctx: Context, namespace: str, name: str) -> list[EngineLoad]:
+    """This engine's pods as the gateway sees them: its Service's ready endpoints joined with /admin/engines."""
+    slices = await ctx.api.list(f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+                                label_selector=f"kubernetes.io/service-name={name}")
+    pods = endpoint_pods(slices)
+    for url in [u for u in ctx.removed if u not in pods]:
+        del ctx.removed[url]  # its endpoint is gone: forget it
+    seen = await ctx.gateway.engines(ctx.config.gateway_url)
+    return [dataclasses.replace(e, pod=pods[e.url]) for e in seen if e.url in pods and e.url not in ctx.removed]
+
+
+async def autoscale(ctx: Context, engine: dict[str, Any], memo: kopf.Memo, now: float) -> None:
+    """One autoscaler step: sample the load, decide, drain or undrain, remove drained engines, set replicas
+    (with autoscaling off: only show the load)."""
+    meta, status = engine["metadata"], engine.get("status") or {}
+    name, namespace = meta["name"], meta["namespace"]
+    try:
+        spec = parse_engine(engine.get("spec") or {})
+    except SpecError:
+        return  # reported by reconcile_engine
+    policy = spec.autoscaling
+    engines = await engine_loads(ctx, namespace, name)
+    if not policy.enabled:  # the load is still shown
+        await _write_status(ctx, _engine_path(namespace, name), status, load_status(engines))
+        return
+    history = trim([*getattr(memo, "history", []), Sample(now, sum(e.load for e in engines))], policy, now)
+    memo.history = history
+    current = spec.desired_replicas
+    step = plan(current, desired_replicas(history, current, policy, now), engines)
+    for url in step.undrain:
+        await ctx.gateway.drain(ctx.config.gateway_url, url, draining=False)
+    for url in step.drain:
+        await ctx.gateway.drain(ctx.config.gateway_url, url, draining=True)
+    for gone in step.remove:
+        if gone.pod:  # the Deployment removes the pod with the lowest deletion cost first
+            await ctx.api.merge_patch(object_path("v1", "Pod", namespace, gone.pod),
+                                      {"metadata": {"annotations": {POD_DELETION_COST: "-1000"}}})
+        ctx.removed[gone.url] = now
+    if step.replicas != engine.get("spec", {}).get("replicas"):
+        log.info("autoscaler: %s/%s %s -> %s replicas", namespace, name, current, step.replicas)
+        await ctx.api.merge_patch(_engine_path(namespace, name), {"spec": {"replicas": step.replicas}})
+    draining = set(step.drain) | {e.url for e in engines if e.draining and e.url not in step.undrain}
+    shown = [dataclasses.replace(e, draining=e.url in draining) for e in engines if e not in step.remove]
+    autoscaling = {"desiredReplicas": step.replicas, "draining": sorted(draining - {e.url for e in step.remove})}
+    await _write_status(ctx, _engine_path(namespace, name), status, {**load_status(shown),
+                                                                      "autoscaling": autoscaling})
+
+
+# ---- AgentProgram -------------------------------------------------------------------
+def _program_path(namespace: str, name: str) -> str:
+    return object_path(API_VERSION, PROGRAM_KIND, namespace, name)
+
+
+def _elapsed(status: dict[str, Any]) -> float | None:
+    start = status.get("startTime")
+    if not start:
+        return None
+    return (datetime.datetime.now(datetime.UTC) - parse_iso(start)).total_seconds()
+
+
+async def start_program(ctx: Context, program: dict[str, Any], memo: kopf.Memo) -> None:
+    """Open the session (once) and create the Job (if absent)."""
+    meta, status = program["metadata"], program.get("status") or {}
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    path = _program_path(namespace, name)
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return
+    try:
+        spec = parse_program(program.get("spec") or {})
+    except SpecError as exc:
+        await _write_status(ctx, path, status, {"phase": "Failed", "message": str(exc)})
+        raise kopf.PermanentError(str(exc)) from None
+    gateway = status.get("gateway") or spec.gateway or ctx.config.gateway_url
+    session = status.get("sessionId") or getattr(memo, "session_id", None)
+    if not session:
+        try:
+            session = await ctx.gateway.open_session(gateway)
+        except GatewayError as exc:
+            raise kopf.TemporaryError(f"cannot open a session in the gateway: {exc}") from exc
+    memo.session_id = session  # survives a failed Job creation: the retry reuses the session
+    try:
+        await ctx.api.apply(program_job(name, namespace, uid, spec, gateway=gateway, session_id=session),
+                            create_only=True)
+    except NotOwned as exc:
+        await _write_status(ctx, path, status, {"phase": "Pending", "message": str(exc)})
+        raise kopf.TemporaryError(str(exc), delay=ctx.config.retry_backoff * 6) from None
+    await _write_status(ctx, path, status, {"phase": status.get("phase") or "Pending", "sessionId": session,
+                                            "gateway": gateway, "jobName": job_name(name),
+                                            "startTime": status.get("startTime") or now_iso()})
+
+
+async def watch_program(ctx: Context, program: dict[str, Any]) -> None:
+    """Mirror the session into status; when the Job has finished, end the session and record the outcome."""
+    meta, status = program["metadata"], program.get("status") or {}
+    name, namespace = meta["name"], meta["namespace"]
+    session, gateway = status.get("sessionId"), status.get("gateway")
+    if not session or not gateway or status.get("phase") not in RUNNING_PHASES:
+        return
+    job = await ctx.api.get(object_path("batch/v1", "Job", namespace, job_name(name)))
+    outcome = job_outcome(job) if job else None
+    entry = await ctx.gateway.get_session(gateway, session)
+    changes: dict[str, Any] = session_status(entry, _elapsed(status))
+    if outcome is not None:
+        final = await ctx.gateway.end_session(gateway, session)
+        changes |= session_status(final or entry, _elapsed(status))
+        changes |= {"phase": outcome, "sessionEnded": True, "completionTime": now_iso()}
+    elif job is not None:
+        changes["phase"] = "Running" if job.get("status", {}).get("active") or status.get("phase") == "Running" \
+            else "Pending"
+    await _write_status(ctx, _program_path(namespace, name), status, changes)
+
+
+async def end_program(ctx: Context, program: dict[str, Any]) -> None:
+    """The resource is being deleted: end its session unless that is done already."""
+    status = program.get("status") or {}
+    if status.get("sessionId") and status.get("gateway") and not status.get("sessionEnded"):
+        await ctx.gateway.end_session(status["gateway"], status["sessionId"])
+
+
+# ---- wiring -------------------------------------------------------------------------
+def settings_for(settings: kopf.OperatorSettings) -> None:
+    """Keep kopf's bookkeeping under our own prefix, in annotations (the status schema stays strict)."""
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP,
+                                                                            key="last-handled-configuration")
+    settings.peering.standalone = True  # one operator replica; no peering resources needed (see the chart)
+
+
+async def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: its service account; elsewhere: the current kubeconfig context (exec plugins included),
+    loaded by kubernetes_asyncio as ``KubeApi.from_environment`` does."""
+    return await kopf.login_via_async_client(**kwargs)
+
+
+def build_registry(config: OperatorConfig, login: Any = default_login) -> kopf.OperatorRegistry:
+    """Every handler of the operator, on a registry of its own (the tests build one per operator)."""
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(registry=registry)(login)
+    children = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: "engine"}
+    backoff = config.retry_backoff
+
+    def ctx_of(memo: Any) -> Context:
+        return memo.ctx
+
+    @kopf.on.resume(*ENGINES, id="engine", registry=registry, backoff=backoff)
+    @kopf.on.create(*ENGINES, id="engine", registry=registry, backoff=backoff)
+    @kopf.on.update(*ENGINES, id="engine", registry=registry, backoff=backoff)
+    async def engine_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await reconcile_engine(ctx_of(memo), _plain(body))
+
+    @kopf.on.event("apps", "v1", "deployments", id="engine-child", labels=children, registry=registry)
+    @kopf.on.event("", "v1", "services", id="engine-child", labels=children, registry=registry)
+    async def engine_child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await engine_child_event(ctx_of(memo), _plain(body))
+
+    @kopf.timer(*ENGINES, id="load", interval=config.autoscale_interval, registry=registry)
+    async def engine_load(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        try:
+            await autoscale(ctx_of(memo), _plain(body), memo, asyncio.get_running_loop().time())
+        except GatewayError as exc:  # the next tick tries again; nothing is decided on no data
+            log.warning("autoscaler: %s: no load from the gateway: %s", body.metadata.name, exc)
+
+    @kopf.on.resume(*PROGRAMS, id="program", registry=registry, backoff=backoff)
+    @kopf.on.create(*PROGRAMS, id="program", registry=registry, backoff=backoff)
+    async def program_created(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await start_program(ctx_of(memo), _plain(body), memo)
+
+    @kopf.timer(*PROGRAMS, id="progress", interval=config.program_poll_interval, registry=registry,
+                when=lambda status, **_: status.get("phase") in RUNNING_PHASES)
+    async def program_progress(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await watch_program(ctx_of(memo), _plain(body))
+
+    @kopf.on.delete(*PROGRAMS, id="session-end", registry=registry, retries=5, backoff=backoff)
+    async def program_deleted(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+        try:
+            await end_program(ctx_of(memo), _plain(body))
+        except GatewayError as exc:
+            if retry < 4:
+                raise kopf.TemporaryError(f"cannot end the session: {exc}", delay=backoff) from exc
+            log.warning("giving up ending the session of %s: %s", body.metadata.name, exc)
+
+    return registry
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    """kopf's live body view as a plain dict snapshot."""
+    return copy.deepcopy(dict(body))
