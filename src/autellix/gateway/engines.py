@@ -28,6 +28,9 @@ from autellix.engine.feedback import INFO_PATH as FEEDBACK_INFO
 
 log = logging.getLogger("autellix.gateway.engines")
 
+#: Consecutive timed-out health probes that take a healthy engine out of the pool.
+SLOW_PROBES_TO_UNHEALTHY = 3
+
 #: Model seconds per generated token before an engine's metrics say otherwise.
 DEFAULT_SECONDS_PER_TOKEN = 0.02
 
@@ -56,6 +59,8 @@ class EngineState:
     inflight_at_scrape: int = 0
     models: list[dict] = field(default_factory=list)
     failures: int = 0
+    #: Health probes in a row that timed out (``SLOW_PROBES_TO_UNHEALTHY`` of them drop the engine).
+    slow_probes: int = 0
     # For pricing model time: the engine's inference-seconds and generated-token
     # counters at the last scrape, and the price they give.
     inference_seconds: float | None = None
@@ -87,6 +92,7 @@ class EnginePool:
         self.discovery = discovery
         self.http = http
         self.poll_interval = poll_interval
+        self.probe_timeout = max(2.0, poll_interval * 2)
         self.on_removed = on_removed
         self.engines: dict[str, EngineState] = {}
         self._task: asyncio.Task | None = None
@@ -193,7 +199,7 @@ class EnginePool:
             self.ready.clear()
 
     async def _probe(self, engine: EngineState) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(2.0, self.poll_interval * 2))
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
         try:
             async with self.http.get(engine.url + "/health", timeout=timeout) as r:
                 healthy = r.status == 200
@@ -206,10 +212,22 @@ class EnginePool:
                         engine.models = (await r.json()).get("data", [])
                     async with self.http.get(engine.url + FEEDBACK_INFO, timeout=timeout) as r:
                         engine.feedback = r.status == 200
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except TimeoutError as exc:
+            # A slow answer is not a dead engine: under a burst the engine (or
+            # this gateway) can take seconds to answer. Only a run of them
+            # counts; a refused connection or an error status counts at once.
+            engine.slow_probes += 1
+            healthy = engine.healthy and engine.slow_probes < SLOW_PROBES_TO_UNHEALTHY
+            if engine.healthy and not healthy:
+                log.warning("engine %s unhealthy: %d probes in a row timed out (%r)", engine.url,
+                            engine.slow_probes, exc)
+            engine.healthy = healthy
+            return
+        except (aiohttp.ClientError, ValueError) as exc:
             if engine.healthy:
                 log.warning("engine %s unhealthy: %r", engine.url, exc)
             healthy = False
+        engine.slow_probes = 0
         engine.healthy = healthy
 
     @staticmethod
