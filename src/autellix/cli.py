@@ -639,6 +639,8 @@ def bench_cluster_scaling(
     workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "sharegpt",
     engines: Annotated[str, typer.Option(help="Comma-separated engine counts")] = "1,2,4,8",
     balancer: Annotated[str, typer.Option(help="round_robin, least_used or autellix")] = "autellix",
+    rates_per_engine: Annotated[str | None, typer.Option(
+        help="Comma-separated rates per engine (default: the workload's, bench/cluster.py)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
     profile: ClusterProfile = "a100-llama3.1-8b",
     time_scale: ClusterScale = 0.25,
@@ -651,7 +653,8 @@ def bench_cluster_scaling(
 
     try:
         counts = [int(n) for n in engines.split(",") if n.strip()]
-        report = run_scaling(workload, engine_counts=counts, balancer=balancer,
+        per_engine = [float(r) for r in rates_per_engine.split(",") if r.strip()] if rates_per_engine else None
+        report = run_scaling(workload, engine_counts=counts, balancer=balancer, rates_per_engine=per_engine,
                              settings=_cluster_settings(profile, time_scale, max_num_seqs, arrival_seconds),
                              seed=seed, progress=lambda line: typer.echo(line, err=True))
     except (ValueError, KeyError) as exc:

@@ -1,0 +1,339 @@
+"""The program-level simulator: the benchmark's agent programs on modelled engines.
+
+The same programs as ``autellix bench`` (``make_programs``, same seeds) run as
+coroutines on a virtual-clock loop (``virtual_loop``); their ``LLM`` is
+:class:`SimLLM`, which turns every chat call into a :class:`SimRequest` for
+one of the engine models, so a run is the benchmark's run with the engines,
+network and client replaced by the cost model. The gateway's part comes from
+the policy core, as in ``autellix.gateway.app``: the process table (program
+service and waiting time, sent to the engine as its ``vllm_xargs``; the queue
+level as vLLM's ``priority``), and the balancer (round robin, least used or
+Algorithm 2) over the engines' in-flight calls. Arrivals are Poisson as in
+``autellix.bench.runner`` and the metrics are its ``summarize``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autellix.bench.programs import MESSAGE_OVERHEAD, AgentProgram
+from autellix.bench.runner import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
+from autellix.core import ProcessTable, SchedulerConfig, balancer_from_config, policy_by_name
+from autellix.core.mlq import QueueSpec
+from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
+from autellix.sim.virtual_loop import run_virtual
+
+
+@dataclass(frozen=True)
+class SimSystem:
+    """A serving stack: the engine's scheduler and features, and the gateway's policy."""
+
+    name: str
+    scheduler: str  # EngineModel scheduler: fcfs | vllm-priority | mlfq | autellix
+    #: The gateway's policy (its process table and the engine plugin's); None: bare engines.
+    policy: str | None
+    prefix_caching: bool = True
+    chunked_prefill: bool = True
+
+
+#: The paper's systems (Figure 12) and the other policies of the core.
+SYSTEMS: dict[str, SimSystem] = {
+    "vllm": SimSystem("vllm", "fcfs", None, prefix_caching=False, chunked_prefill=False),
+    "vllm-opt": SimSystem("vllm-opt", "fcfs", None),
+    "vllm-priority": SimSystem("vllm-priority", "vllm-priority", "plas"),
+    "mlfq": SimSystem("mlfq", "mlfq", "mlfq"),
+    "plas": SimSystem("plas", "autellix", "plas"),
+    "autellix": SimSystem("autellix", "autellix", "atlas"),
+}
+
+
+#: Balancer names the CLI accepts, to the core's names.
+BALANCER_ALIASES = {"algorithm2": "autellix", "autellix": "autellix", "least_used": "least_used",
+                    "least-used": "least_used", "round_robin": "round_robin", "round-robin": "round_robin"}
+
+
+def balancer_name(name: str | None) -> str | None:
+    """The core's balancer name for ``name`` (None stays None)."""
+    if name is None:
+        return None
+    try:
+        return BALANCER_ALIASES[name]
+    except KeyError:
+        raise ValueError(f"unknown balancer {name!r}; expected algorithm2, least_used or round_robin") from None
+
+
+def render(messages: Sequence[dict[str, str]]) -> bytes:
+    """A chat prompt as the byte-level engine sees it: per message a fixed-size
+    header (``MESSAGE_OVERHEAD`` tokens, as the programs count it) and the
+    content's bytes. Equal histories give equal prefixes, so the prefix cache
+    shares them as it does on the real engine."""
+    out = bytearray()
+    for m in messages:
+        out += f"<|{m['role']}|>".encode().ljust(MESSAGE_OVERHEAD, b" ")
+        out += m["content"].encode("utf-8")
+    return bytes(out)
+
+
+class _Engine:
+    """One engine model stepped on the virtual loop.
+
+    While the batch only decodes, steps run as one timer (a decode run): the
+    engine's state is the same after ``k`` single steps or one run of ``k``
+    (``EngineModel.coalescible``). An arrival during a run cuts it after the
+    step in progress, where the new call joins the next step as it would have."""
+
+    def __init__(self, name: str, model: EngineModel, loop: asyncio.AbstractEventLoop) -> None:
+        self.name = name
+        self.model = model
+        self.loop = loop
+        self.inflight = 0
+        self.busy = False
+        self.plans = 0
+        #: A pending decode run: (start, steps, step time without KV, KV tokens read by its first step,
+        #: decoding sequences, its timer).
+        self._run: tuple[float, int, float, int, int, asyncio.TimerHandle] | None = None
+        self._waiters: dict[str, tuple[asyncio.Future[RequestOutcome], CallStat]] = {}
+
+    def submit(self, request: SimRequest, stat: CallStat) -> asyncio.Future[RequestOutcome]:
+        future: asyncio.Future[RequestOutcome] = self.loop.create_future()
+        now = self.loop.time()
+        self.model.add(request, now)
+        self._waiters[request.request_id] = (future, stat)
+        if self._run is not None:
+            self._cut(now)
+        elif not self.busy:
+            self.busy = True
+            self.loop.call_soon(self._step)  # calls arriving at this instant join the same step
+        return future
+
+    def _run_seconds(self, steps: int, fixed: float, kv0: int, d: int) -> float:
+        return steps * fixed + self.model.profile.cost.per_kv_token * (steps * kv0 + d * steps * (steps - 1) // 2)
+
+    def _cut(self, now: float) -> None:
+        assert self._run is not None
+        start, steps, fixed, kv0, d, timer = self._run
+        lo, hi = 0, steps  # steps of the run that have ended by now
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if start + self._run_seconds(mid, fixed, kv0, d) <= now:
+                lo = mid
+            else:
+                hi = mid - 1
+        keep = min(steps, lo + 1)  # the step in progress completes
+        if keep < steps:
+            timer.cancel()
+            end = start + self._run_seconds(keep, fixed, kv0, d)
+            self._run = (start, keep, fixed, kv0, d, self.loop.call_at(end, self._run_done))
+
+    def _step(self) -> None:
+        if self.model.idle:
+            self.busy = False
+            return
+        now = self.loop.time()
+        self.plans += 1
+        steps = self.model.coalescible(now)
+        if steps >= 2:
+            cost = self.model.profile.cost
+            running, kv0 = self.model.decode_batch()
+            fixed = cost.overhead + cost.per_decode_seq * running
+            end = now + self._run_seconds(steps, fixed, kv0, running)
+            self._run = (now, steps, fixed, kv0, running, self.loop.call_at(end, self._run_done))
+            return
+        result = self.model.step(now)
+        if result.seconds <= 0 and not result.preempted:
+            raise RuntimeError(f"engine {self.name} has requests but scheduled nothing")
+        self.loop.call_at(now + result.seconds, self._done, result)
+
+    def _run_done(self) -> None:
+        assert self._run is not None
+        start, steps = self._run[0], self._run[1]
+        self._run = None
+        self._done(self.model.decode_steps(start, steps))
+
+    def _done(self, result: Any) -> None:
+        now = self.loop.time()
+        for rid in result.first_token:
+            self._waiters[rid][1].first_token = now
+        for rid, outcome in result.outcomes.items():
+            future, _ = self._waiters.pop(rid)
+            self.inflight -= 1
+            future.set_result(outcome)
+        # after the programs woken here have run: calls they make at this instant join the next step
+        self.loop.call_soon(self._step)
+
+
+@dataclass
+class SimRun:
+    result: RunResult
+    engines: dict[str, dict[str, float]]
+    events: int
+    wall_seconds: float
+    simulated_seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SimGateway:
+    """The gateway's scheduling state: process table, queue levels, balancer, in-flight counts."""
+
+    def __init__(self, system: SimSystem, config: SchedulerConfig, engines: dict[str, _Engine]) -> None:
+        self.system = system
+        self.policy = policy_by_name(system.policy or "fcfs")
+        self.table = ProcessTable(self.policy)
+        self.queues = QueueSpec.from_config(config) if self.policy.places_by_priority else None
+        self.balancer = balancer_from_config(config)
+        self.engines = engines
+        self._ids = itertools.count()
+
+    async def call(self, program_id: str, thread: str | None, prompt: bytes, max_tokens: int,
+                   stat: CallStat) -> RequestOutcome:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        call_id = f"c{next(self._ids)}"
+        self.table.call_arrived(program_id, call_id, start, thread_id=thread)
+        entry = self.table[program_id]
+        loads = {name: float(e.inflight) for name, e in self.engines.items()}
+        route = self.balancer.choose(loads, prompt_tokens=len(prompt), pinned=entry.pinned_engine)
+        self.table.pin(program_id, route.pin)
+        self.table.call_routed(program_id, call_id, route.engine)
+        gateway = self.system.policy is not None
+        priority = 0
+        if gateway and self.queues is not None:
+            priority = self.queues.level_for(entry.service)
+        request = SimRequest(call_id, prompt, max_tokens, program_id=program_id if gateway else None,
+                             thread_id=thread, priority=priority,
+                             service=entry.service if gateway else None, wait=entry.waiting if gateway else None)
+        engine = self.engines[route.engine]
+        # in flight from the routing decision on, as the gateway counts: calls routed
+        # at the same moment see each other's load
+        engine.inflight += 1
+        if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
+            await asyncio.sleep(engine.model.profile.call_overhead)
+        try:
+            outcome = await engine.submit(request, stat)
+        except ValueError:
+            engine.inflight -= 1
+            raise
+        now = loop.time()
+        wall = now - start
+        model_time = min(wall, outcome.model_time)
+        self.table.call_finished(program_id, call_id, now, model_time=model_time, wait=wall - model_time,
+                                 prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.output_tokens)
+        return outcome
+
+
+class SimLLM:
+    """The ``LLM`` one program talks to, in simulated time."""
+
+    def __init__(self, gateway: SimGateway, stat: ProgramStat, calls: list[CallStat]) -> None:
+        self._gateway, self._stat, self._calls = gateway, stat, calls
+        self._inflight = 0
+        self._replies = itertools.count()
+
+    async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str:
+        loop = asyncio.get_running_loop()
+        call = CallStat(self._stat.program_id, thread, loop.time())
+        self._calls.append(call)
+        self._stat.calls += 1
+        self._inflight += 1
+        self._stat.max_parallel = max(self._stat.max_parallel, self._inflight)
+        try:
+            outcome = await self._gateway.call(self._stat.program_id, thread, render(messages), max_tokens, call)
+        finally:
+            self._inflight -= 1
+            call.finished = loop.time()
+        call.prompt_tokens, call.completion_tokens = outcome.prompt_tokens, outcome.output_tokens
+        call.queue_s = outcome.queue_time
+        self._stat.tokens += outcome.output_tokens
+        # One ASCII byte per token, unique to the call (replies never share blocks by accident).
+        tag = f"[{self._stat.program_id}:{next(self._replies)}]"
+        return (tag * (max_tokens // len(tag) + 1))[:max_tokens]
+
+    async def tool(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: SimSystem | str,
+                      rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None) -> SimRun:
+    """Run ``programs`` with Poisson arrivals at ``rate`` against ``engines``
+    modelled engines of ``profile`` serving ``system``; deterministic in ``seed``."""
+    if isinstance(system, str):
+        if system not in SYSTEMS:
+            raise ValueError(f"unknown system {system!r}; expected one of {', '.join(SYSTEMS)}")
+        system = SYSTEMS[system]
+    if engines < 1:
+        raise ValueError(f"engines must be >= 1, got {engines}")
+    config = config or SchedulerConfig()
+    if system.policy is not None and system.scheduler == "autellix":
+        config = config.with_overrides(policy=system.policy)
+    arrivals = poisson_arrivals(len(programs), rate, seed)
+    stats: list[ProgramStat] = []
+    calls: list[CallStat] = []
+    holder: dict[str, Any] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        pool = {f"engine-{i}": _Engine(f"engine-{i}", EngineModel(
+            profile, scheduler=system.scheduler, config=config, prefix_caching=system.prefix_caching,
+            chunked_prefill=system.chunked_prefill), loop) for i in range(engines)}
+        gateway = SimGateway(system, config, pool)
+        holder["pool"] = pool
+
+        async def one(program: AgentProgram) -> None:
+            stat = ProgramStat(program.program_id, program.workload, loop.time())
+            stats.append(stat)
+            gateway.table.start(program.program_id, loop.time())
+            try:
+                await program.run(SimLLM(gateway, stat, calls))
+            except ValueError as exc:  # the engine refused a call (as a 400 would): this program fails
+                stat.error = f"{type(exc).__name__}: {exc}"
+            finally:
+                stat.finish = loop.time()
+                gateway.table.end(program.program_id)
+
+        # one arrival at a time: a timer per waiting program would make the loop's heap huge
+        tasks = []
+        for program, at in zip(programs, arrivals, strict=True):
+            if at > loop.time():
+                await asyncio.sleep(at - loop.time())
+            tasks.append(loop.create_task(one(program)))
+        await asyncio.gather(*tasks)
+
+    wall = time.perf_counter()
+    _, end = run_virtual(main())
+    wall = time.perf_counter() - wall
+    pool: dict[str, _Engine] = holder["pool"]
+    engine_stats = {name: e.model.stats() for name, e in pool.items()}
+    queries = sum(s["prefix_queries_tokens"] for s in engine_stats.values())
+    hits = sum(s["prefix_hits_tokens"] for s in engine_stats.values())
+    result = RunResult(stats, calls, 0.0, end,
+                       prefix_cache_hit_rate=hits / queries if system.prefix_caching and queries else None)
+    # what the loop processed: engine plans (single steps and decode runs), call arrivals and finishes,
+    # program arrivals
+    events = sum(e.plans for e in pool.values()) + 2 * len(calls) + len(stats)
+    return SimRun(result, engine_stats, events, wall, end)
+
+
+def sim_summary(run: SimRun) -> dict[str, Any]:
+    """The benchmark's metrics, plus the simulator's speed."""
+    busy = [s["busy_seconds"] / run.simulated_seconds for s in run.engines.values()] if run.simulated_seconds else []
+    return summarize(run.result) | {
+        "simulated_seconds": run.simulated_seconds,
+        "engine_utilization": sum(busy) / len(busy) if busy else 0.0,
+        "preemptions": sum(s["preemptions"] for s in run.engines.values()),
+    }
+
+
+def speed_stats(run: SimRun) -> dict[str, float]:
+    return {
+        "events": float(run.events),
+        "engine_steps": sum(s["steps"] for s in run.engines.values()),
+        "wall_seconds": run.wall_seconds,
+        "simulated_seconds": run.simulated_seconds,
+        "events_per_second": run.events / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+        "sim_to_wall_ratio": run.simulated_seconds / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+    }

@@ -1,0 +1,177 @@
+"""The program-level simulator: agent programs on modelled engines in simulated time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from autellix.bench.data import workloads_available
+from autellix.bench.programs import AgentProgram, fit_messages, make_programs
+from autellix.cli import app
+from autellix.core import SchedulerConfig
+from autellix.sim.cost_model import StepCost
+from autellix.sim.engine_model import EngineModel, EngineProfile
+from autellix.sim.serving import render, sim_summary, simulate_programs, speed_stats
+from autellix.sim.virtual_loop import Deadlock, run_virtual
+
+PROFILE = EngineProfile("test", block_size=16, kv_blocks=4000, max_num_seqs=8, max_num_batched_tokens=512,
+                        cost=StepCost(overhead=0.01, per_prefill_token=2e-5, per_decode_seq=1e-3, per_kv_token=1e-8))
+needs_data = pytest.mark.skipif(not workloads_available(), reason="workload data not found")
+
+
+def heavy_tailed(count: int, seed: int) -> list[AgentProgram]:
+    """Chat programs whose number of calls is Pareto-distributed: most short, a few very long."""
+    rng = random.Random(seed)
+    programs = []
+    for i in range(count):
+        calls = min(60, int(rng.paretovariate(1.1)))
+        lengths = [rng.randrange(20, 120) for _ in range(calls)]
+        programs.append(_chat(f"p{i}", lengths))
+    return programs
+
+
+def _chat(program_id: str, lengths: list[int]) -> AgentProgram:
+    async def run(llm) -> None:  # type: ignore[no-untyped-def]
+        history = [{"role": "system", "content": "You are helpful. " * 8}]
+        for n in lengths:
+            history = fit_messages([*history, {"role": "user", "content": f"{program_id}: next question"}], n)
+            history.append({"role": "assistant", "content": await llm.chat(list(history), max_tokens=n)})
+            await llm.tool(0.05)
+
+    return AgentProgram("synthetic", program_id, run, expected_calls=len(lengths))
+
+
+def test_every_call_completes_with_all_its_tokens_and_time_only_moves_forward() -> None:
+    programs = heavy_tailed(40, seed=1)
+    run = simulate_programs(programs, profile=PROFILE, system="autellix", rate=2.0, seed=1)
+    summary = sim_summary(run)
+    assert summary["completed"] == 40 and summary["failed"] == 0
+    assert summary["calls"] == sum(p.expected_calls or 0 for p in programs)
+    for call in run.result.calls:
+        assert call.submitted <= (call.first_token or 0) <= call.finished
+    assert all(p.finish > p.arrival for p in run.result.programs)
+    speed = speed_stats(run)
+    assert speed["simulated_seconds"] > 0 and speed["events"] > 0
+
+
+def test_the_simulator_is_deterministic_per_seed() -> None:
+    def once(seed: int) -> dict:
+        run = simulate_programs(heavy_tailed(30, seed=seed), profile=PROFILE, system="autellix", rate=3.0, seed=seed)
+        return sim_summary(run)
+
+    assert once(4) == once(4)
+    assert once(4) != once(5)
+
+
+def test_autellix_beats_fcfs_on_a_heavy_tailed_workload() -> None:
+    # loaded (the engine busy all the time) but not so far past saturation that every
+    # program waits beta times its service and anti-starvation turns the queues into FCFS
+    programs = heavy_tailed(150, seed=2)
+    results = {system: sim_summary(simulate_programs(programs, profile=PROFILE, system=system, rate=3.0, seed=2))
+               for system in ("vllm-opt", "autellix")}
+    fcfs, ours = results["vllm-opt"], results["autellix"]
+    assert fcfs["completed"] == ours["completed"] == 150
+    assert ours["mean_token_latency"] < 0.7 * fcfs["mean_token_latency"]
+    assert ours["p99_token_latency"] < fcfs["p99_token_latency"]
+
+
+@pytest.mark.parametrize("balancer", ["round_robin", "least_used", "autellix"])
+def test_multi_engine_balancers_spread_the_programs(balancer: str) -> None:
+    programs = heavy_tailed(40, seed=3)
+    run = simulate_programs(programs, profile=PROFILE, system="autellix", rate=4.0, seed=3, engines=4,
+                            config=SchedulerConfig(balancer=balancer))
+    assert sim_summary(run)["completed"] == 40
+    served = [s["finished_requests"] for s in run.engines.values()]
+    assert len(served) == 4 and all(n > 0 for n in served)
+    assert sum(served) == len(run.result.calls)
+
+
+def test_more_engines_serve_the_same_load_faster() -> None:
+    programs = heavy_tailed(80, seed=6)
+    latency = {n: sim_summary(simulate_programs(programs, profile=PROFILE, system="vllm-opt", rate=8.0, seed=6,
+                                                engines=n))["mean_token_latency"] for n in (1, 4)}
+    assert latency[4] < latency[1]
+
+
+def test_a_call_the_engine_refuses_fails_only_its_program() -> None:
+    too_long = _chat("big", [9000])
+    run = simulate_programs([too_long, _chat("ok", [10])], profile=PROFILE, system="autellix", rate=1.0, seed=0)
+    errors = {p.program_id: p.error for p in run.result.programs}
+    assert errors["ok"] is None and "context" in (errors["big"] or "")
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="system"):
+        simulate_programs([], profile=PROFILE, system="sjf", rate=1.0, seed=0)
+    with pytest.raises(ValueError, match="engines"):
+        simulate_programs([], profile=PROFILE, system="vllm", rate=1.0, seed=0, engines=0)
+
+
+def test_render_keeps_histories_prefix_stable() -> None:
+    short = [{"role": "system", "content": "rules"}, {"role": "user", "content": "hi"}]
+    longer = [*short, {"role": "assistant", "content": "hello"}]
+    assert render(longer).startswith(render(short))
+    assert len(render(short)) == 2 * 40 + len("rules") + len("hi")  # the programs' own token count
+
+
+def test_the_virtual_clock_runs_sleeps_instantly_and_detects_deadlock() -> None:
+    async def sleeper() -> float:
+        await asyncio.sleep(3600)
+        return asyncio.get_running_loop().time()
+
+    value, end = run_virtual(sleeper())
+    assert value == pytest.approx(3600) and end == pytest.approx(3600)
+
+    async def stuck() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(Deadlock):
+        run_virtual(stuck())
+
+
+@needs_data
+def test_the_benchmark_programs_run_in_simulation_as_on_the_engine() -> None:
+    programs = make_programs("bfcl", 12, seed=1)
+    run = simulate_programs(programs, profile=EngineProfile.load("cpu-tiny"), system="vllm-opt", rate=1.0, seed=1)
+    summary = sim_summary(run)
+    assert summary["completed"] == 12
+    assert summary["calls"] == sum(p.expected_calls or 0 for p in programs)
+    assert 0.5 < summary["prefix_cache_hit_rate"] < 1  # calls of a program share their tool docs
+
+
+@needs_data
+def test_cli_sim_with_an_engine_profile_reports_speed() -> None:
+    out = CliRunner().invoke(app, ["sim", "--engine-profile", "cpu-tiny", "--workload", "bfcl", "--programs", "6",
+                                   "--rate", "1", "--system", "vllm,autellix", "--engines", "2", "--balancer",
+                                   "algorithm2", "--stats", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert set(data) == {"vllm", "autellix"}
+    assert data["autellix"]["completed"] == 6
+    assert data["autellix"]["simulator"]["events_per_second"] > 0
+    assert data["autellix"]["simulator"]["sim_to_wall_ratio"] > 0
+    bad = CliRunner().invoke(app, ["sim", "--engine-profile", "cpu-tiny", "--workload", "bfcl", "--system", "sjf"])
+    assert bad.exit_code == 2 and "sjf" in bad.output
+    bad = CliRunner().invoke(app, ["sim", "--engine-profile", "nope", "--workload", "bfcl"])
+    assert bad.exit_code == 2 and "unknown engine profile" in bad.output
+    bad = CliRunner().invoke(app, ["sim", "--engine-profile", "cpu-tiny", "--balancer", "random"])
+    assert bad.exit_code == 2 and "balancer" in bad.output
+
+
+def test_decode_runs_give_the_same_outcome_as_single_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coalescing decode steps (and cutting a run when a call arrives) is only a speed-up."""
+    programs = heavy_tailed(40, seed=8)
+    for system in ("vllm-opt", "autellix"):
+        fast = simulate_programs(programs, profile=PROFILE, system=system, rate=3.0, seed=8)
+        with monkeypatch.context() as patch:
+            patch.setattr(EngineModel, "coalescible", lambda self, start, until=0.0: 0)
+            slow = simulate_programs(programs, profile=PROFILE, system=system, rate=3.0, seed=8)
+        assert fast.events < slow.events / 2
+        assert fast.engines["engine-0"]["steps"] == slow.engines["engine-0"]["steps"]
+        for a, b in zip(fast.result.programs, slow.result.programs, strict=True):
+            assert (a.program_id, a.tokens) == (b.program_id, b.tokens)
+            assert a.finish == pytest.approx(b.finish, rel=1e-6)

@@ -1,0 +1,61 @@
+"""``autellix sim sweep`` and ``sim fidelity`` on tiny loads: reports, plots and ratios are well formed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autellix.bench.data import workloads_available
+from autellix.cli import app
+from autellix.sim.engine_model import EngineProfile
+from autellix.sim.fidelity import compare, compare_file
+from autellix.sim.sweep import Load, figure12, figure14, write_report
+
+pytestmark = pytest.mark.skipif(not workloads_available(), reason="workload data not found")
+A100 = EngineProfile.load("a100-llama3.1-8b")
+
+
+def test_figure12_and_14_reports_and_plots(tmp_path: Path) -> None:
+    fig12 = figure12(A100, workloads=["bfcl"], systems=["vllm", "autellix"],
+                     loads={"bfcl": Load((0.5, 2.0), 10.0, min_programs=6)}, progress=lambda _: None)
+    bfcl = fig12["bfcl"]
+    assert set(bfcl["results"]) == {"vllm", "autellix"}
+    low, high = (bfcl["results"]["vllm"][r]["mean_token_latency"] for r in ("0.5", "2.0"))
+    assert high > low  # load raises latency
+    assert "autellix/vllm" in bfcl["sustained"]["ratios"]
+    fig14 = figure14(A100, workloads=["sharegpt"], engine_counts=[1, 2], balancers=["round_robin", "autellix"],
+                     loads={"sharegpt": Load((0.5, 1.0), 8.0, min_programs=4)}, progress=lambda _: None)
+    scaling = fig14["sharegpt"]["scaling"]
+    assert set(scaling) == {"round_robin", "autellix"} and set(scaling["autellix"]) == {"1", "2"}
+    paths = write_report({"profile": A100.name, "figure12": fig12, "figure14": fig14}, tmp_path)
+    assert {p.name for p in paths} == {"sim-sweep.json", "sim-figure12.png", "sim-figure14.png"}
+    assert json.loads((tmp_path / "sim-sweep.json").read_text())["figure12"]["bfcl"]["rates"] == [0.5, 2.0]
+
+
+def test_fidelity_replays_a_bench_report_with_its_seeds(tmp_path: Path) -> None:
+    report = {"workload": "bfcl", "calibration": "paper", "rates": [0.5], "seed": 1, "programs": {"0.5": 5},
+              "results": {"vllm-opt": {"0.5": {"mean_token_latency": 0.01, "p99_token_latency": 0.02}}}}
+    rows = compare(report, EngineProfile.load("cpu-tiny"))
+    assert len(rows) == 1 and rows[0]["system"] == "vllm-opt" and rows[0]["programs"] == 5
+    assert rows[0]["error"] == pytest.approx(rows[0]["simulated"]["mean_token_latency"] / 0.01 - 1)
+    assert rows == compare(report, EngineProfile.load("cpu-tiny"))  # deterministic
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="not an"):
+        compare_file(bad, A100)
+    report["results"] = {"sglang": report["results"]["vllm-opt"]}
+    with pytest.raises(ValueError, match="sglang"):
+        compare(report, A100)
+
+
+def test_sweep_cli_refuses_bad_arguments() -> None:
+    runner = CliRunner()
+    out = runner.invoke(app, ["sim", "sweep", "--figures", "13"])
+    assert out.exit_code == 2 and "figures" in out.output
+    out = runner.invoke(app, ["sim", "sweep", "--workloads", "chess"])
+    assert out.exit_code == 2 and "chess" in out.output
+    out = runner.invoke(app, ["sim", "fidelity", "--measured", "/nonexistent.json"])
+    assert out.exit_code == 2 and "cannot read" in out.output
