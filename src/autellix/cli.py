@@ -495,6 +495,8 @@ def bench_sweep(
     systems: Annotated[str, typer.Option(help="Comma-separated: vllm,vllm-opt,mlfq,autellix")] = (
         "vllm,vllm-opt,mlfq,autellix"),
     calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
+    stream: Annotated[bool, typer.Option(help="Stream calls (--no-stream: whole calls, less client and "
+                                              "gateway CPU per token)")] = True,
     out: Annotated[Path, typer.Option(help="Folder for the JSON report and PNG plots")] = Path("bench-results"),
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
@@ -505,7 +507,7 @@ def bench_sweep(
     except ValueError:
         raise _fail(f"--rates: expected comma-separated numbers, got {rates!r}") from None
     try:
-        report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration,
+        report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration, stream=stream,
                            systems=[s.strip() for s in systems.split(",") if s.strip()],
                            progress=lambda line: typer.echo(line, err=True))
     except ValueError as exc:

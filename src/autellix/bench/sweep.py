@@ -94,7 +94,7 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path) -> Iter
 
 def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | None, seed: int,
               systems: Sequence[str],
-              calibration: str = "paper", log_dir: Path | None = None,
+              calibration: str = "paper", log_dir: Path | None = None, stream: bool = True,
               progress: Callable[[str], None] = print) -> dict[str, Any]:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
@@ -115,7 +115,7 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
                 batch = make_programs(workload, count, seed=seed + i, calibration=calibration)
                 started = time.monotonic()
                 run = asyncio.run(run_programs(target, batch, rate=rate, seed=seed + i, model=SERVED_MODEL,
-                                               engines=[engine]))
+                                               engines=[engine], stream=stream))
                 summary = summarize(run)
                 results[name][str(rate)] = summary
                 progress(f"{name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "
@@ -124,7 +124,7 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
     return {
         "workload": workload, "calibration": calibration, "rates": list(rates), "seed": seed,
         "programs": {str(r): programs or settings.programs_at(r) for r in rates},
-        "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)},
+        "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)}, "stream": stream,
         "results": results, "sustained": sustained_rates(results, rates),
         "under_load": loaded_comparison(results, rates),
     }
