@@ -583,11 +583,20 @@ cluster_app = typer.Typer(help="Many emulated engines behind the real gateway (a
 bench_app.add_typer(cluster_app, name="cluster")
 
 
-def _cluster_settings(profile: str, time_scale: float, max_num_seqs: int, arrival_seconds: float):
+@cluster_app.callback()
+def bench_cluster(
+    ctx: typer.Context,
+    profile: Annotated[str, typer.Option(help="Engine profile of the emulated engines")] = "a100-llama3.1-8b",
+    time_scale: Annotated[float, typer.Option(min=0.01, help="Wall seconds per modelled second")] = 0.25,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Running calls per engine")] = 4,
+    arrival_seconds: Annotated[float, typer.Option(min=1, help="Seconds of arrivals per rate")] = 20.0,
+    out: Annotated[Path, typer.Option(help="Folder for the JSON report")] = Path("bench-results"),
+) -> None:
+    """Settings shared by the studies (bench/cluster.py, docs/emulator.md)."""
     from autellix.bench.cluster import ClusterSettings
 
-    return ClusterSettings(profile=profile, time_scale=time_scale, max_num_seqs=max_num_seqs,
-                           arrival_seconds=arrival_seconds)
+    ctx.obj = (ClusterSettings(profile=profile, time_scale=time_scale, max_num_seqs=max_num_seqs,
+                               arrival_seconds=arrival_seconds), out)
 
 
 def _write_json(report: dict, out: Path, name: str) -> Path:
@@ -599,14 +608,19 @@ def _write_json(report: dict, out: Path, name: str) -> Path:
     return path
 
 
-ClusterProfile = Annotated[str, typer.Option(help="Engine profile of the emulated engines")]
-ClusterScale = Annotated[float, typer.Option(min=0.01, help="Wall seconds per modelled second")]
-ClusterSeqs = Annotated[int, typer.Option(min=1, help="Running calls per engine")]
-ClusterWindow = Annotated[float, typer.Option(min=1, help="Seconds of arrivals per rate")]
+def _numbers(text: str | None, kind: type = float) -> list | None:
+    """A comma-separated option as numbers (None when not given)."""
+    if not text:
+        return None
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise _fail(f"expected comma-separated numbers, got {text!r}") from None
 
 
 @cluster_app.command("balancers")
 def bench_cluster_balancers(
+    ctx: typer.Context,
     workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "sharegpt",
     engines: Annotated[int, typer.Option(min=1, max=64, help="Emulated engines")] = 4,
     rates: Annotated[str | None, typer.Option(help="Comma-separated rates (default: engines x per-engine rates)")] = (
@@ -614,21 +628,15 @@ def bench_cluster_balancers(
     balancers: Annotated[str, typer.Option(help="Comma-separated: round_robin,least_used,autellix")] = (
         "round_robin,least_used,autellix"),
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
-    profile: ClusterProfile = "a100-llama3.1-8b",
-    time_scale: ClusterScale = 0.25,
-    max_num_seqs: ClusterSeqs = 4,
-    arrival_seconds: ClusterWindow = 20.0,
-    out: Annotated[Path, typer.Option(help="Folder for the JSON report")] = Path("bench-results"),
 ) -> None:
     """Figure 14: the gateway's balancers side by side on emulated engines."""
     from autellix.bench.cluster import run_balancers
 
+    settings, out = ctx.obj
     try:
-        rate_list = [float(r) for r in rates.split(",") if r.strip()] if rates else None
-        report = run_balancers(workload, engines=engines, rates=rate_list,
+        report = run_balancers(workload, engines=engines, rates=_numbers(rates),
                                balancers=[b.strip() for b in balancers.split(",") if b.strip()],
-                               settings=_cluster_settings(profile, time_scale, max_num_seqs, arrival_seconds),
-                               seed=seed, progress=lambda line: typer.echo(line, err=True))
+                               settings=settings, seed=seed, progress=lambda line: typer.echo(line, err=True))
     except (ValueError, KeyError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"wrote {_write_json(report, out, f'cluster-{workload}-{engines}-balancers.json')}")
@@ -638,27 +646,22 @@ def bench_cluster_balancers(
 
 @cluster_app.command("scaling")
 def bench_cluster_scaling(
+    ctx: typer.Context,
     workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "sharegpt",
     engines: Annotated[str, typer.Option(help="Comma-separated engine counts")] = "1,2,4,8",
     balancer: Annotated[str, typer.Option(help="round_robin, least_used or autellix")] = "autellix",
     rates_per_engine: Annotated[str | None, typer.Option(
         help="Comma-separated rates per engine (default: the workload's, bench/cluster.py)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
-    profile: ClusterProfile = "a100-llama3.1-8b",
-    time_scale: ClusterScale = 0.25,
-    max_num_seqs: ClusterSeqs = 4,
-    arrival_seconds: ClusterWindow = 20.0,
-    out: Annotated[Path, typer.Option(help="Folder for the JSON report")] = Path("bench-results"),
 ) -> None:
     """Figure 15: sustainable rate against the engine count."""
     from autellix.bench.cluster import run_scaling
 
+    settings, out = ctx.obj
     try:
-        counts = [int(n) for n in engines.split(",") if n.strip()]
-        per_engine = [float(r) for r in rates_per_engine.split(",") if r.strip()] if rates_per_engine else None
-        report = run_scaling(workload, engine_counts=counts, balancer=balancer, rates_per_engine=per_engine,
-                             settings=_cluster_settings(profile, time_scale, max_num_seqs, arrival_seconds),
-                             seed=seed, progress=lambda line: typer.echo(line, err=True))
+        report = run_scaling(workload, engine_counts=_numbers(engines, int) or [1], balancer=balancer,
+                             rates_per_engine=_numbers(rates_per_engine), settings=settings, seed=seed,
+                             progress=lambda line: typer.echo(line, err=True))
     except (ValueError, KeyError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"wrote {_write_json(report, out, f'cluster-{workload}-scaling.json')}")
