@@ -564,6 +564,14 @@ class EngineModel:
         self.generated_tokens += produced
         if self.planner is not None:
             self.planner.step_done(end)
+        outcomes = self._retire(done, end)
+        return StepResult(seconds=seconds, tokens=tokens, first_token=first, finished=finished,
+                          preempted=[s.req.request_id for s in replanned + preempted], prefill_tokens=prefill,
+                          decode_seqs=decode, cached_tokens=cached_now, kv_tokens=kv, new_requests=admitted,
+                          outcomes=outcomes)
+
+    def _retire(self, done: list[_Seq], end: float) -> dict[str, RequestOutcome]:
+        """Finished requests leave the batch; their outcomes, by id."""
         outcomes: dict[str, RequestOutcome] = {}
         if done:
             gone = set(map(id, done))
@@ -571,10 +579,7 @@ class EngineModel:
             for seq in done:
                 outcomes[seq.req.request_id] = self._leave(seq, end, aborted=False)
                 self.finished_requests += 1
-        return StepResult(seconds=seconds, tokens=tokens, first_token=first, finished=finished,
-                          preempted=[s.req.request_id for s in replanned + preempted], prefill_tokens=prefill,
-                          decode_seqs=decode, cached_tokens=cached_now, kv_tokens=kv, new_requests=admitted,
-                          outcomes=outcomes)
+        return outcomes
 
     # ---- coalesced decode steps ---------------------------------------------------------
     def step_until(self, now: float, until: float) -> StepResult:
@@ -722,13 +727,7 @@ class EngineModel:
             queue = self.planner.queue
             queue.advance(end)
             queue.charge(queue.running, steps=k)
-        outcomes: dict[str, RequestOutcome] = {}
-        if done:
-            gone = set(map(id, done))
-            self._running = [s for s in self._running if id(s) not in gone]
-            for seq in done:
-                outcomes[seq.req.request_id] = self._leave(seq, end, aborted=False)
-                self.finished_requests += 1
+        outcomes = self._retire(done, end)
         return StepResult(seconds=seconds, tokens=tokens, first_token=[], finished=finished, preempted=[],
                           prefill_tokens=0, decode_seqs=k * d, cached_tokens=0, kv_tokens=kv_total,
                           outcomes=outcomes, steps=k)
