@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 from autellix.engine.launch import EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import default_model_dir
@@ -39,6 +41,16 @@ def engines(count: int, log_dir: Path, **options: object) -> Iterator[list[Engin
     finally:
         for e in started:
             stop_engine(e)
+
+
+def load_instant_engine() -> ModuleType:
+    """``bench/instant_engine.py`` (an engine stand-in that answers at once), as a module."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "instant_engine.py"
+    spec = importlib.util.spec_from_file_location("instant_engine", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 #: A gateway process in front of engines (yields its base URL).

@@ -10,30 +10,18 @@ engines each program's calls ran on) and from the engines' own request logs.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from aiohttp import web
 
-from tests.live import chat, gateway, http
+from tests.live import chat, gateway, http, load_instant_engine
 
 LONG_PROMPT = "y" * 40_000  # far above long_prompt_tokens (2048) by the gateway's byte estimate
-
-
-def _instant_engine() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "instant_engine.py"
-    spec = importlib.util.spec_from_file_location("instant_engine", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class StandInEngine:
@@ -41,7 +29,7 @@ class StandInEngine:
     last message; holds calls saying "hold" until ``release``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.instant = _instant_engine()
+        self.instant = load_instant_engine()
         self.loop = loop
         self.messages: list[str] = []
         self.held = threading.Event()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -28,7 +27,7 @@ from kubernetes_asyncio.client import Configuration
 
 from autellix.gateway.engines import EnginePool
 from autellix.gateway.kube_discovery import DEFAULT_ENGINE_SELECTOR, KubeDiscovery, WatchExpired, slice_urls
-from tests.live import gateway, http
+from tests.live import gateway, http, load_instant_engine
 
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
 ENGINE_LABELS = {"app.kubernetes.io/component": "engine", "kubernetes.io/service-name": "engines"}
@@ -217,19 +216,10 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, limit: flo
         await asyncio.sleep(0.02)
 
 
-def _load_instant_engine() -> Any:
-    path = Path(__file__).resolve().parents[2] / "bench" / "instant_engine.py"
-    spec = importlib.util.spec_from_file_location("instant_engine", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest_asyncio.fixture
 async def two_engines() -> AsyncIterator[list[int]]:
     """Two bench/instant_engine.py engines on 127.0.0.1; yields their ports."""
-    instant = _load_instant_engine()
+    instant = load_instant_engine()
     runners, ports = [], []
     for _ in range(2):
         runner = web.AppRunner(instant.create_app())
@@ -318,7 +308,7 @@ def test_gateway_discovers_engines_from_kubernetes(emulator: ThreadedEmulator, t
         "users: [{name: tester, user: {token: not-checked}}]\n"
         "contexts: [{name: kmock, context: {cluster: kmock, user: tester}}]\n")
     loop = asyncio.new_event_loop()
-    instant = _load_instant_engine()
+    instant = load_instant_engine()
     runner = web.AppRunner(instant.create_app())
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
