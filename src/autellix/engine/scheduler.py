@@ -40,6 +40,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from autellix.core import SchedulerConfig
 from autellix.engine.feedback import FeedbackPublisher
+from autellix.engine.kv_pool import ResumeAccounting
 from autellix.engine.planner import CallIdentity, CallPlanner
 
 log = logging.getLogger("autellix.engine.scheduler")
@@ -65,6 +66,8 @@ class AutellixScheduler(Scheduler):
         self.planner = CallPlanner(self.autellix_config)
         self.feedback = FeedbackPublisher.from_env()
         self._steps = 0
+        # tokens recomputed after preemption (docs/kv-swap.md)
+        self.kv_resume = ResumeAccounting()
         if self.feedback is not None:
             self.feedback.publish("hello", {"scheduler": "autellix", "pid": os.getpid(),
                                             "config": self.autellix_config.to_mapping(),
@@ -86,6 +89,7 @@ class AutellixScheduler(Scheduler):
         record = self.planner.leave(request.request_id, time.monotonic(), finished=finished)
         if record is not None and record.call is not None and self.feedback is not None:
             self.feedback.publish("call", record.to_dict())
+        self.kv_resume.forget((request.request_id,))
         return super()._free_request(request, *args, **kwargs)
 
     # ---- one step -----------------------------------------------------------------
@@ -94,7 +98,23 @@ class AutellixScheduler(Scheduler):
             self._replan(time.monotonic())
         output = super().schedule(*args, **kwargs)
         self.planner.started(output.num_scheduled_tokens)
+        if self.kv_resume.preempted:
+            resumes = self.kv_resume.resumes
+            recomputed = self.kv_resume.scheduled(output.num_scheduled_tokens, self.requests)
+            count = getattr(self.connector, "count_resumed", None)
+            if count is not None and self.kv_resume.resumes > resumes:
+                count(self.kv_resume.resumes - resumes, recomputed)
         return output
+
+    def _preempt_request(self, request: Request, timestamp: float, *args: Any, **kwargs: Any) -> None:
+        # Every preemption (ours and vLLM's under KV pressure) passes here while the
+        # request still holds its blocks: the swap connector, when loaded, copies
+        # them to host memory in this step instead of letting them be recomputed.
+        self.kv_resume.preempting(request.request_id, request.num_computed_tokens)
+        swap_out = getattr(self.connector, "swap_out", None)
+        if swap_out is not None:
+            swap_out(request, self.kv_cache_manager.get_block_ids(request.request_id))
+        super()._preempt_request(request, timestamp, *args, **kwargs)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.planner.step_done(time.monotonic())
