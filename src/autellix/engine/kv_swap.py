@@ -195,21 +195,25 @@ class KVBlockMover:
     def row_bytes(self) -> int:
         return self.host[0].numel() * self.host.element_size() if self.host.shape[0] else 0
 
-    def _check_rows(self, rows: Sequence[int]) -> None:
-        cap = self.host.shape[0]
-        bad = [r for r in rows if not 0 <= r < cap]
-        if bad:
-            raise ValueError(f"host rows out of range [0, {cap}): {bad[:5]}")
-
-    def save(self, block_ids: Sequence[int], host_rows: Sequence[int]) -> None:
-        """Copy device blocks ``block_ids`` into host rows ``host_rows`` (same order)."""
+    def _validated(self, block_ids: Sequence[int], host_rows: Sequence[int], *, unique: bool) -> torch.Tensor | None:
+        """The block ids as a tensor after every check (None: nothing to move)."""
         if len(block_ids) != len(host_rows):
             raise ValueError(f"{len(block_ids)} blocks but {len(host_rows)} host rows")
         if not block_ids:
-            return
-        self._check_rows(host_rows)
+            return None
+        cap = self.host.shape[0]
+        bad = [r for r in host_rows if not 0 <= r < cap]
+        if bad:
+            raise ValueError(f"host rows out of range [0, {cap}): {bad[:5]}")
         ids = torch.tensor(block_ids, dtype=torch.int64)
-        _check_ids(self.views, ids, unique=False)
+        _check_ids(self.views, ids, unique=unique)
+        return ids
+
+    def save(self, block_ids: Sequence[int], host_rows: Sequence[int]) -> None:
+        """Copy device blocks ``block_ids`` into host rows ``host_rows`` (same order)."""
+        ids = self._validated(block_ids, host_rows, unique=False)
+        if ids is None:
+            return
         timer = self._start()
         transfers = 0
         for lo, hi in self._chunks(len(block_ids)):
@@ -226,13 +230,10 @@ class KVBlockMover:
 
     def load(self, host_rows: Sequence[int], block_ids: Sequence[int]) -> None:
         """Copy host rows ``host_rows`` into device blocks ``block_ids`` (same order)."""
-        if len(block_ids) != len(host_rows):
-            raise ValueError(f"{len(host_rows)} host rows but {len(block_ids)} blocks")
-        if not block_ids:
+        # Unique ids only: two host rows scattered into one block would race.
+        ids = self._validated(block_ids, host_rows, unique=True)
+        if ids is None:
             return
-        self._check_rows(host_rows)
-        ids = torch.tensor(block_ids, dtype=torch.int64)
-        _check_ids(self.views, ids, unique=True)
         timer = self._start()
         transfers = 0
         for lo, hi in self._chunks(len(block_ids)):
