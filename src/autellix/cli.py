@@ -44,7 +44,8 @@ def sim(
     seed: Annotated[int, typer.Option(help="Seed of the random workload")] = 0,
     programs: Annotated[int, typer.Option(min=1, help="Programs in the random workload")] = 20,
     rate: Annotated[float | None, typer.Option(help="Random workload: programs per step (default: all at 0)")] = None,
-    boundaries: Annotated[str | None, typer.Option(help="Queue boundaries in steps, e.g. 1,2,4,8")] = None,
+    boundaries: Annotated[str | None, typer.Option(
+        help="Queue boundaries: steps (unit steps, e.g. 1,2,4,8) or seconds of service (--engine-profile)")] = None,
     quanta: Annotated[str | None, typer.Option(help="Quanta in steps, one per queue, e.g. 1,2,4,8,inf")] = None,
     beta: Annotated[float | None, typer.Option(help="Anti-starvation ratio (inf disables)")] = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="table or json")] = OutputFormat.table,
@@ -70,7 +71,7 @@ def sim(
     if engine_profile is not None:
         _sim_programs(engine_profile, workload=workload, programs=programs, rate=rate, seed=seed, systems=system,
                       engines=engines, balancer=balancer, calibration=calibration, beta=beta, stats=stats,
-                      output=output, max_num_seqs=max_num_seqs)
+                      output=output, max_num_seqs=max_num_seqs, boundaries=boundaries, quanta=quanta)
         return
     from autellix.sim import UNIT_STEP_CONFIG
     from autellix.sim.report import print_table, to_json
@@ -154,7 +155,7 @@ def sim_sweep(
 @sim_app.command("fidelity")
 def sim_fidelity(
     measured: Annotated[Path, typer.Option(help="An `autellix bench sweep` report (JSON)")] = Path(
-        "docs/img/bfcl-sweep.json"),
+        "docs/img/bfcl-whole-sweep.json"),
     engine_profile: Annotated[str, typer.Option(help="Engine profile of the engine that was measured")] = "cpu-tiny",
     systems: Annotated[str | None, typer.Option(help="Comma-separated systems (default: all in the report)")] = None,
     output: Annotated[OutputFormat, typer.Option("--format", help="table or json")] = OutputFormat.table,
@@ -187,7 +188,8 @@ def sim_fidelity(
 
 def _sim_programs(profile_name: str, *, workload: str, programs: int, rate: float | None, seed: int, systems: str,
                   engines: int, balancer: str | None, calibration: str, beta: float | None, stats: bool,
-                  output: OutputFormat, max_num_seqs: int | None = None) -> None:
+                  output: OutputFormat, max_num_seqs: int | None = None, boundaries: str | None = None,
+                  quanta: str | None = None) -> None:
     import json
 
     from autellix.bench.programs import make_programs
@@ -201,7 +203,8 @@ def _sim_programs(profile_name: str, *, workload: str, programs: int, rate: floa
         raise _fail(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
     try:
         profile = EngineProfile.load(profile_name).with_overrides(max_num_seqs=max_num_seqs)
-        config = SchedulerConfig.from_env().with_overrides(beta=beta, balancer=balancer_name(balancer))
+        config = SchedulerConfig.from_env().with_overrides(beta=beta, balancer=balancer_name(balancer),
+                                                           boundaries=boundaries, quanta=quanta)
         batch = make_programs(workload, programs, seed=seed, calibration=calibration)
     except (ValueError, ConfigError, FileNotFoundError) as exc:
         raise _fail(str(exc)) from None
@@ -495,19 +498,32 @@ def bench_sweep(
     systems: Annotated[str, typer.Option(help="Comma-separated: vllm,vllm-opt,mlfq,autellix")] = (
         "vllm,vllm-opt,mlfq,autellix"),
     calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
-    stream: Annotated[bool, typer.Option(help="Stream calls (--no-stream: whole calls, less client and "
-                                              "gateway CPU per token)")] = True,
+    stream: Annotated[bool, typer.Option(help="Stream calls (default: whole calls, so the client and the "
+                                              "gateway spend CPU per call, not per token, beside the engine)")] = False,
     out: Annotated[Path, typer.Option(help="Folder for the JSON report and PNG plots")] = Path("bench-results"),
+    beta: Annotated[float | None, typer.Option(
+        help="Anti-starvation ratio for mlfq and autellix (default: the workload's, bench/sweep.py)")] = None,
+    boundaries: Annotated[str | None, typer.Option(
+        help="Queue boundaries in seconds of service, e.g. 0.5,2,8,32 (default: the workload's)")] = None,
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
-    from autellix.bench.sweep import run_sweep, write_report
+    from autellix.bench.sweep import ENGINE_SETTINGS, run_sweep, write_report
+    from autellix.core import ConfigError, SchedulerConfig
 
     try:
         rate_list = [float(r) for r in rates.split(",") if r.strip()] if rates else None
     except ValueError:
         raise _fail(f"--rates: expected comma-separated numbers, got {rates!r}") from None
+    scheduler = None
+    if beta is not None or boundaries is not None:
+        base = ENGINE_SETTINGS[workload].scheduler if workload in ENGINE_SETTINGS else None
+        try:
+            scheduler = (base or SchedulerConfig()).with_overrides(beta=beta, boundaries=boundaries)
+        except ConfigError as exc:
+            raise _fail(str(exc)) from None
     try:
         report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration, stream=stream,
+                           scheduler=scheduler,
                            systems=[s.strip() for s in systems.split(",") if s.strip()],
                            progress=lambda line: typer.echo(line, err=True))
     except ValueError as exc:

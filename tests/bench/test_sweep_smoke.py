@@ -8,11 +8,25 @@ from pathlib import Path
 import pytest
 
 from autellix.bench.data import ENV_VAR, workloads_available
-from autellix.bench.sweep import run_sweep, write_report
+from autellix.bench.sweep import ENGINE_SETTINGS, SYSTEMS, run_sweep, write_report
 
 pytest.importorskip("matplotlib")
 
 
+def test_each_system_gets_the_workloads_scheduler_settings_with_its_own_policy() -> None:
+    heavy = ENGINE_SETTINGS["mixed"]
+    assert heavy.scheduler is not None
+    autellix, mlfq, bare = (heavy.config_for(SYSTEMS[n]) for n in ("autellix", "mlfq", "vllm"))
+    assert (autellix.policy, mlfq.policy, bare.policy) == ("atlas", "mlfq", "fcfs")
+    assert autellix.boundaries == mlfq.boundaries == heavy.scheduler.boundaries
+    assert autellix.beta == heavy.scheduler.beta
+    # what the engine plugin and the gateway read from their environment
+    env = autellix.to_env()
+    assert env["AUTELLIX_POLICY"] == "atlas"
+    assert env["AUTELLIX_BOUNDARIES"] == ",".join(map(str, heavy.scheduler.boundaries))
+    # workloads without their own settings keep the defaults
+    light = ENGINE_SETTINGS["bfcl"]
+    assert light.scheduler is None and light.config_for(SYSTEMS["autellix"]).beta == 4.0
 
 
 @pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
@@ -31,4 +45,6 @@ def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path) -> None:
     assert set(report["sustained"]["rates"]) == {"vllm", "autellix"}
     paths = write_report(report, tmp_path / "out")
     assert [p.suffix for p in paths] == [".json", ".png", ".png"]
-    assert json.loads(paths[0].read_text())["workload"] == "mixed"
+    written = json.loads(paths[0].read_text())
+    assert written["workload"] == "mixed"
+    assert written["scheduler"]["beta"] == ENGINE_SETTINGS["mixed"].config_for(SYSTEMS["autellix"]).beta

@@ -162,6 +162,20 @@ def test_cli_sim_with_an_engine_profile_reports_speed() -> None:
     assert bad.exit_code == 2 and "balancer" in bad.output
 
 
+@needs_data
+def test_cli_sim_with_an_engine_profile_takes_the_queue_settings() -> None:
+    def mean(*extra: str) -> float:
+        out = CliRunner().invoke(app, ["sim", "--engine-profile", "cpu-tiny", "--workload", "mixed", "--programs", "12",
+                                       "--rate", "2", "--seed", "3", "--max-num-seqs", "8", "--system", "autellix",
+                                       "--format", "json", *extra])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["autellix"]["mean_token_latency"]
+
+    assert mean("--boundaries", "0.1,0.4,1.6,6.4") != mean()  # the queues move the programs
+    bad = CliRunner().invoke(app, ["sim", "--engine-profile", "cpu-tiny", "--workload", "mixed", "--boundaries", "3,1"])
+    assert bad.exit_code == 2 and "boundaries" in bad.output
+
+
 def test_decode_runs_give_the_same_outcome_as_single_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Coalescing decode steps (and cutting a run when a call arrives) is only a speed-up."""
     programs = heavy_tailed(40, seed=8)

@@ -51,6 +51,17 @@ def test_fidelity_replays_a_bench_report_with_its_seeds(tmp_path: Path) -> None:
         compare(report, A100)
 
 
+def test_fidelity_replays_with_the_reports_engine_slots_and_scheduler() -> None:
+    report = {"workload": "mixed", "calibration": "paper", "rates": [2.0], "seed": 3, "programs": {"2.0": 6},
+              "results": {"autellix": {"2.0": {"mean_token_latency": 0.01, "p99_token_latency": 0.02}}}}
+    profile = EngineProfile.load("cpu-tiny")  # 4 slots
+    four = compare(report, profile)[0]["simulated"]
+    eight = compare(report | {"engine": {"max_num_seqs": 8}}, profile)[0]["simulated"]
+    assert eight["mean_token_latency"] < four["mean_token_latency"]  # twice the slots under a burst
+    with pytest.raises(ValueError, match="unknown scheduler parameter"):
+        compare(report | {"scheduler": {"betta": 8}}, profile)
+
+
 def test_sweep_cli_refuses_bad_arguments() -> None:
     runner = CliRunner()
     out = runner.invoke(app, ["sim", "sweep", "--figures", "13"])

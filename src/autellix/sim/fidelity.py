@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autellix.bench.programs import make_programs
+from autellix.core import SchedulerConfig
 from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import SYSTEMS, sim_summary, simulate_programs
 
@@ -22,7 +23,13 @@ METRICS = ("mean_token_latency", "p99_token_latency", "programs_per_s", "mean_ca
 def compare(measured: dict[str, Any], profile: EngineProfile,
             systems: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One row per (system, rate) of a ``bench sweep`` report: measured and simulated metrics,
-    and the simulated mean token latency's error relative to the measured one."""
+    and the simulated mean token latency's error relative to the measured one.
+
+    The engine's running-call slots and the scheduler settings come from the
+    report where it records them (``engine.max_num_seqs``, ``scheduler``)."""
+    slots = (measured.get("engine") or {}).get("max_num_seqs")
+    profile = profile.with_overrides(max_num_seqs=int(slots) if slots else None)
+    config = SchedulerConfig.from_mapping(measured["scheduler"]) if measured.get("scheduler") else None
     rows = []
     for name in systems or list(measured["results"]):
         if name not in SYSTEMS:
@@ -33,7 +40,8 @@ def compare(measured: dict[str, Any], profile: EngineProfile,
             seed = int(measured["seed"]) + i  # as run_sweep seeds each rate
             programs = make_programs(measured["workload"], count, seed=seed,
                                      calibration=measured.get("calibration", "paper"))
-            sim = sim_summary(simulate_programs(programs, profile=profile, system=name, rate=rate, seed=seed))
+            sim = sim_summary(simulate_programs(programs, profile=profile, system=name, rate=rate, seed=seed,
+                                                config=config))
             rows.append({"system": name, "rate": rate, "programs": count,
                          "measured": {k: real.get(k) for k in METRICS},
                          "simulated": {k: sim.get(k) for k in METRICS},
