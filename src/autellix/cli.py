@@ -270,6 +270,8 @@ def gateway(
     tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json for exact prompt lengths")] = None,
     api_keys_file: Annotated[Path | None, typer.Option(help="File of API keys, one per line")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest accepted request body")] = 4 * 1024 * 1024,
+    stream_header_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds an engine has to start answering a streamed call before it moves to another")] = 30.0,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of running engines."""
     from autellix.gateway.app import GatewayConfig
@@ -287,7 +289,7 @@ def gateway(
         source = KubeDiscovery(engine_selector, namespace or None, port_name=engine_port_name)
     config = GatewayConfig(engines=engines, scheduler=_scheduler_config(policy, beta, balancer),
                            tokenizer=tokenizer, api_keys_file=api_keys_file, max_body_bytes=max_body_bytes,
-                           discovery=source)
+                           discovery=source, stream_header_timeout=stream_header_timeout)
     serve(config, host, port)
 
 

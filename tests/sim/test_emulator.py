@@ -219,6 +219,33 @@ def test_gateway_fails_over_from_a_refusing_emulated_engine(tmp_path) -> None:
         assert served == 16
 
 
+def test_a_streamed_call_leaves_an_engine_that_accepted_it_and_hung(tmp_path) -> None:
+    with emulator_process(2, "--time-scale=0.2", log_path=tmp_path / "emulator.log") as engines, \
+            gateway(engines, "--balancer", "round_robin", "--stream-header-timeout", "1",
+                    log_path=tmp_path / "gateway.log") as gw:
+        status, _ = http("POST", engines[0] + "/emulator/faults", {"hang": True})
+        assert status == 200
+        client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0, timeout=30)
+        waits = []
+        for i in range(4):  # round robin: two of them are first sent to the hung engine
+            started = time.monotonic()
+            stream = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"call {i}"}], max_tokens=4, stream=True,
+                stream_options={"include_usage": True})
+            chunks = list(stream)
+            waits.append(time.monotonic() - started)
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+        assert max(waits) >= 1.0  # one waited out the timeout, then moved
+        assert max(waits) < 10
+        with urllib.request.urlopen(engines[1] + "/metrics") as r:
+            served = parse_vllm_metrics(r.read().decode())["vllm:generation_tokens_total"]
+        assert served == 16  # every call was served by the healthy engine
+        with urllib.request.urlopen(gw + "/metrics") as r:
+            retries = [line for line in r.read().decode().splitlines()
+                       if line.startswith("autellix_upstream_retries_total ")]
+        assert retries and float(retries[0].split()[1]) >= 1
+
+
 def test_gateway_in_front_of_emulated_engines_charges_their_model_time(tmp_path) -> None:
     with emulator_process(2, "--time-scale=0.2", log_path=tmp_path / "emulator.log") as engines, \
             gateway(engines, log_path=tmp_path / "gateway.log") as gw:

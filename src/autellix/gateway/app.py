@@ -51,6 +51,9 @@ class GatewayConfig:
     tokenizer: Path | None = None
     #: Attempts per call across engines when an engine cannot be reached.
     max_attempts: int = 3
+    #: Seconds an engine has to answer a streamed call's headers (vLLM does so
+    #: once the call is queued); after that the call moves to another engine.
+    stream_header_timeout: float | None = 30.0
     discovery: Discovery | None = None
 
 
@@ -190,7 +193,9 @@ class Gateway:
             # calls must see each other's load when they are routed.
             self.pool.begin(route.engine)
             try:
-                return route.engine, await open_upstream(self.http, route.engine + path, body, headers)
+                timeout = self.config.stream_header_timeout if body.get("stream") else None
+                return route.engine, await open_upstream(self.http, route.engine + path, body, headers,
+                                                         header_timeout=timeout)
             except EngineUnreachable as exc:
                 self.pool.end(route.engine)
                 log.warning("call %s: engine %s unreachable (%s); trying another", call_id, route.engine, exc)

@@ -8,6 +8,7 @@ with an explicit SSE error event instead of a silent truncation.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,10 +49,21 @@ class Outcome:
 
 
 async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                        headers: dict[str, str]) -> aiohttp.ClientResponse:
+                        headers: dict[str, str], *, header_timeout: float | None = None) -> aiohttp.ClientResponse:
+    """POST the call; returns once the engine's response headers are in.
+
+    ``header_timeout`` bounds that wait. vLLM answers a streamed call's headers
+    as soon as the call is queued, before its first token, so an engine that
+    sends none in that time accepted the call and hung: the call has not
+    started for the client and may move to another engine. (A whole call's
+    headers come with its last token, so it gets no such bound.)"""
     try:
-        return await http.post(url, data=orjson.dumps(body), headers=headers)
-    except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+        return await asyncio.wait_for(http.post(url, data=orjson.dumps(body), headers=headers), header_timeout)
+    except TimeoutError as exc:
+        if header_timeout is not None:
+            raise EngineUnreachable(f"no response headers within {header_timeout:g} s") from exc
+        raise EngineUnreachable(repr(exc)) from exc
+    except aiohttp.ClientConnectionError as exc:
         raise EngineUnreachable(repr(exc)) from exc
 
 
