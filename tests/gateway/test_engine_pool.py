@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from autellix.gateway import engines as engines_module
 from autellix.gateway.engines import SLOW_PROBES_TO_UNHEALTHY, EnginePool, StaticDiscovery
 
 
@@ -63,3 +64,24 @@ async def test_a_refused_connection_drops_the_engine_at_once() -> None:
         await server.close()
         await pool.refresh()
         assert not pool.engines[url].healthy
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_hung_stays_out_though_healthy_longer_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines_module, "HUNG_BACKOFF", 0.2)
+    async with TestServer(stand_in(asyncio.Event())) as server, aiohttp.ClientSession() as http:
+        url = str(server.make_url("")).rstrip("/")
+        pool = EnginePool(StaticDiscovery([url]), http)
+        await pool.refresh()
+        assert url in pool.loads()
+        pool.mark_hung(url)
+        await pool.refresh()  # its health checks still pass ...
+        assert pool.engines[url].healthy
+        assert url not in pool.loads()  # ... but it takes no new call
+        assert 0 < pool.describe()[0]["hung_backoff_s"] <= 0.2
+        await asyncio.sleep(0.25)
+        assert url in pool.loads()
+        pool.mark_hung(url)  # a second hang in a row: twice as long
+        assert pool.describe()[0]["hung_backoff_s"] > 0.2
+        pool.mark_answered(url)  # it answered a call: the next hang starts over
+        assert pool.engines[url].hangs == 0

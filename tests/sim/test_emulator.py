@@ -235,8 +235,9 @@ def test_a_streamed_call_leaves_an_engine_that_accepted_it_and_hung(tmp_path) ->
             chunks = list(stream)
             waits.append(time.monotonic() - started)
             assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
-        assert max(waits) >= 1.0  # one waited out the timeout, then moved
-        assert max(waits) < 10
+        # the first call sent there waited out the timeout, then moved; the engine
+        # then sat out its backoff, though its health checks pass
+        assert sum(w >= 1.0 for w in waits) == 1 and max(waits) < 10
         with urllib.request.urlopen(engines[1] + "/metrics") as r:
             served = parse_vllm_metrics(r.read().decode())["vllm:generation_tokens_total"]
         assert served == 16  # every call was served by the healthy engine

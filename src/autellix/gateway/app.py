@@ -31,7 +31,7 @@ from autellix.gateway.errors import APIError, bad_request, not_found, unavailabl
 from autellix.gateway.metrics import GatewayMetrics
 from autellix.gateway.sessions import Authenticator, CallOwner, Sessions, load_api_keys
 from autellix.gateway.tokens import Counter, estimate_tokens, prompt_text, tokenizer_counter
-from autellix.gateway.upstream import EngineUnreachable, Outcome, open_upstream, relay_stream, relay_whole
+from autellix.gateway.upstream import EngineHung, EngineUnreachable, Outcome, open_upstream, relay_stream, relay_whole
 
 log = logging.getLogger("autellix.gateway")
 
@@ -194,12 +194,16 @@ class Gateway:
             self.pool.begin(route.engine)
             try:
                 timeout = self.config.stream_header_timeout if body.get("stream") else None
-                return route.engine, await open_upstream(self.http, route.engine + path, body, headers,
-                                                         header_timeout=timeout)
+                upstream = await open_upstream(self.http, route.engine + path, body, headers, header_timeout=timeout)
+                self.pool.mark_answered(route.engine)
+                return route.engine, upstream
             except EngineUnreachable as exc:
                 self.pool.end(route.engine)
                 log.warning("call %s: engine %s unreachable (%s); trying another", call_id, route.engine, exc)
-                self.pool.mark_failed(route.engine)
+                if isinstance(exc, EngineHung):
+                    self.pool.mark_hung(route.engine)
+                else:
+                    self.pool.mark_failed(route.engine)
                 self.metrics.retries.inc()
                 tried.add(route.engine)
         raise unavailable("No engine could take the call; try again shortly.")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -30,6 +31,13 @@ log = logging.getLogger("autellix.gateway.engines")
 
 #: Consecutive timed-out health probes that take a healthy engine out of the pool.
 SLOW_PROBES_TO_UNHEALTHY = 3
+
+#: An engine that took a call and hung is kept out of the balancer's candidates
+#: for this long, doubling with each hang in a row (up to ``HUNG_BACKOFF_MAX``):
+#: its health checks may still pass, and an idle-looking engine would otherwise
+#: draw every new call into the same wait.
+HUNG_BACKOFF = 10.0
+HUNG_BACKOFF_MAX = 300.0
 
 #: Model seconds per generated token before an engine's metrics say otherwise.
 DEFAULT_SECONDS_PER_TOKEN = 0.02
@@ -71,6 +79,10 @@ class EngineState:
     feedback: bool = False
     #: Being drained (scale-down, maintenance): finishes its calls, takes no new ones.
     draining: bool = False
+    #: Hangs in a row (calls taken and not answered in time), and until when
+    #: (monotonic seconds) it takes no new call because of them.
+    hangs: int = 0
+    hung_until: float = 0.0
 
     @property
     def load(self) -> float:
@@ -100,8 +112,10 @@ class EnginePool:
 
     # ---- what the request path reads (no I/O) --------------------------------
     def loads(self, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, float]:
-        """Load of every engine that may take a new call: healthy, not draining."""
-        return {u: e.load for u, e in self.engines.items() if e.healthy and not e.draining and u not in exclude}
+        """Load of every engine that may take a new call: healthy, not draining, not backing off a hang."""
+        now = time.monotonic()
+        return {u: e.load for u, e in self.engines.items()
+                if e.healthy and not e.draining and e.hung_until <= now and u not in exclude}
 
     def models(self) -> list[dict]:
         merged: dict[str, dict] = {}
@@ -124,8 +138,10 @@ class EnginePool:
 
     def describe(self) -> list[dict[str, object]]:
         """Every engine of the pool, for the admin API (what an autoscaler polls)."""
+        now = time.monotonic()
         return [{"url": e.url, "healthy": e.healthy, "draining": e.draining, "load": e.load,
-                 "inflight": e.inflight, "running": e.running, "waiting": e.waiting}
+                 "inflight": e.inflight, "running": e.running, "waiting": e.waiting,
+                 "hung_backoff_s": round(max(0.0, e.hung_until - now), 3)}
                 for e in sorted(self.engines.values(), key=lambda e: e.url)]
 
     def begin(self, url: str) -> None:
@@ -134,6 +150,23 @@ class EnginePool:
     def end(self, url: str) -> None:
         if url in self.engines:
             self.engines[url].inflight -= 1
+
+    def mark_hung(self, url: str) -> None:
+        """The engine took a call and never answered: keep it out, longer each time in a row."""
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.hangs += 1
+            backoff = min(HUNG_BACKOFF_MAX, HUNG_BACKOFF * 2 ** (engine.hangs - 1))
+            engine.hung_until = time.monotonic() + backoff
+            engine.failures += 1
+            log.warning("engine %s took a call and sent nothing (%d in a row); no new calls for %.0f s",
+                        url, engine.hangs, backoff)
+
+    def mark_answered(self, url: str) -> None:
+        """The engine answered a call: a run of hangs is over."""
+        engine = self.engines.get(url)
+        if engine is not None and engine.hangs:
+            engine.hangs = 0
 
     def mark_failed(self, url: str) -> None:
         """A connection failed: stop routing there until a health check passes."""

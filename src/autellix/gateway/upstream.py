@@ -26,6 +26,11 @@ class EngineUnreachable(Exception):
     """Nothing came back: the call did not start and may go elsewhere."""
 
 
+class EngineHung(EngineUnreachable):
+    """The engine took the call and sent no headers in time: it may still answer
+    its health checks, so the pool keeps it out for a while (``mark_hung``)."""
+
+
 @dataclass
 class Outcome:
     status: int
@@ -61,7 +66,7 @@ async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, A
         return await asyncio.wait_for(http.post(url, data=orjson.dumps(body), headers=headers), header_timeout)
     except TimeoutError as exc:
         if header_timeout is not None:
-            raise EngineUnreachable(f"no response headers within {header_timeout:g} s") from exc
+            raise EngineHung(f"no response headers within {header_timeout:g} s") from exc
         raise EngineUnreachable(repr(exc)) from exc
     except aiohttp.ClientConnectionError as exc:
         raise EngineUnreachable(repr(exc)) from exc
