@@ -1,8 +1,8 @@
 """What the gateway itself costs: direct vs. Autellix gateway vs. vllm-router, one run.
 
 Starts an instant upstream (``bench/instant_engine.py``), the Autellix gateway
-and vllm-router (if installed) as separate processes on 127.0.0.1, then, for
-each target interleaved over several repetitions, measures
+(``autellix gateway``) and vllm-router (if installed) as separate processes on
+127.0.0.1, then, for each target interleaved over several repetitions, measures
 
 * latency at a fixed open-loop request rate (p50, p99; added = target - direct,
   paired per repetition, median over repetitions), and
@@ -39,13 +39,6 @@ HOST = "127.0.0.1"
 MODEL = "tiny-llama"
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}).encode()
 HEADERS = {"Content-Type": "application/json"}
-GATEWAY_RUNNER = (
-    "import sys\n"
-    "from aiohttp import web\n"
-    "from autellix.gateway.app import GatewayConfig, create_app\n"
-    "app = create_app(GatewayConfig(engines=[sys.argv[2]]))\n"
-    "web.run_app(app, host='127.0.0.1', port=int(sys.argv[1]), access_log=None, print=None)\n"
-)
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
@@ -269,7 +262,9 @@ def main() -> None:
         engine = f"http://{HOST}:{engine_port}"
         procs.start("engine", [sys.executable, str(Path(__file__).with_name("instant_engine.py")),
                                "--port", str(engine_port)])
-        procs.start("gateway", [sys.executable, "-c", GATEWAY_RUNNER, str(gateway_port), engine])
+        # The gateway as it ships: `autellix gateway`, the defaults.
+        procs.start("gateway", [sys.executable, "-m", "autellix", "gateway", "--port", str(gateway_port),
+                                "--engine", engine])
         targets = [Target("direct", engine, "/health"), Target("gateway", f"http://{HOST}:{gateway_port}", "/ready")]
         router = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
         if router and not args.no_router:

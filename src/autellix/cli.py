@@ -507,6 +507,9 @@ def bench_sweep(
         help="Anti-starvation ratio for mlfq and autellix (default: the workload's, bench/sweep.py)")] = None,
     boundaries: Annotated[str | None, typer.Option(
         help="Queue boundaries in seconds of service, e.g. 0.5,2,8,32 (default: the workload's)")] = None,
+    isolate_cores: Annotated[bool, typer.Option(
+        help="Keep the model worker's cores to it: the engine's servers, the gateway and the client run on the "
+             "others (docs/benchmarks.md)")] = False,
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
     from autellix.bench.sweep import ENGINE_SETTINGS, run_sweep, write_report
@@ -525,7 +528,7 @@ def bench_sweep(
             raise _fail(str(exc)) from None
     try:
         report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration, stream=stream,
-                           scheduler=scheduler,
+                           scheduler=scheduler, isolate_cores=isolate_cores,
                            systems=[s.strip() for s in systems.split(",") if s.strip()],
                            progress=lambda line: typer.echo(line, err=True))
     except ValueError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,8 @@ def test_each_system_gets_the_workloads_scheduler_settings_with_its_own_policy()
 
 @pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
 def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path) -> None:
-    report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["vllm", "autellix"],
+    cores = os.sched_getaffinity(0)
+    report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["vllm", "autellix"], isolate_cores=True,
                        log_dir=tmp_path / "logs", progress=lambda _: None)
     for system in ("vllm", "autellix"):
         for rate in ("0.5", "2.0"):
@@ -43,6 +45,11 @@ def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path) -> None:
     assert not report["results"]["vllm"]["2.0"]["prefix_cache_hit_rate"]
     assert report["results"]["autellix"]["2.0"]["prefix_cache_hit_rate"] > 0.2
     assert set(report["sustained"]["rates"]) == {"vllm", "autellix"}
+    if len(cores) > 1:  # the model worker kept its cores; everything else ran on the others
+        for split in report["cores"].values():
+            assert split["engine"] and split["others"] and set(split["engine"]) | set(split["others"]) == cores
+            assert not set(split["engine"]) & set(split["others"])
+    assert os.sched_getaffinity(0) == cores  # given back: the next engine binds its worker afresh
     paths = write_report(report, tmp_path / "out")
     assert [p.suffix for p in paths] == [".json", ".png", ".png"]
     written = json.loads(paths[0].read_text())

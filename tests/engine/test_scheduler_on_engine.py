@@ -10,6 +10,7 @@ from collections.abc import Callable
 import openai
 import pytest
 
+from autellix.bench.runner import engine_counters
 from autellix.engine.launch import EngineProcess
 from tests.live import MODEL, TOKENIZER, gateway, http
 
@@ -163,3 +164,5 @@ def test_churn_with_aborts_loses_no_call_and_keeps_the_engine_up(engine_cache: E
             time.sleep(0.5)
         preemptions = [ln for ln in metrics.splitlines() if ln.startswith("vllm:num_preemptions_total{")]
         assert preemptions and float(preemptions[0].split()[-1]) > 0
+        # what `autellix bench` reports as a run's preemptions counts them too
+        assert asyncio.run(engine_counters([engine.url]))["vllm:request_num_preemptions_sum"] > 0

@@ -10,7 +10,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from autellix.gateway import engines as engines_module
-from autellix.gateway.engines import SLOW_PROBES_TO_UNHEALTHY, EnginePool, StaticDiscovery
+from autellix.gateway.engines import (
+    POOL_METRICS,
+    SLOW_PROBES_TO_UNHEALTHY,
+    EnginePool,
+    StaticDiscovery,
+    parse_vllm_metrics,
+)
 
 
 def stand_in(slow: asyncio.Event) -> web.Application:
@@ -85,3 +91,35 @@ async def test_an_engine_that_hung_stays_out_though_healthy_longer_each_time(mon
         assert pool.describe()[0]["hung_backoff_s"] > 0.2
         pool.mark_answered(url)  # it answered a call: the next hang starts over
         assert pool.engines[url].hangs == 0
+
+
+#: Lines as vLLM 0.32's /metrics writes them (abridged): a wanted gauge's name is
+#: the prefix of another metric's, and a histogram has the wanted ``_sum``.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 5.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="capacity"} 4.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="deferred"} 1.0
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 1284.0
+vllm:generation_tokens_created{engine="0",model_name="tiny-llama"} 1.7960530659047143e+09
+# TYPE vllm:request_inference_time_seconds histogram
+vllm:request_inference_time_seconds_sum{engine="0",model_name="tiny-llama"} 2.84
+vllm:request_inference_time_seconds_bucket{engine="0",le="0.3",model_name="tiny-llama"} 40.0
+vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny-llama"} 44.0
+vllm:request_inference_time_seconds_count{engine="0",model_name="tiny-llama"} 44.0
+"""
+
+
+def test_the_pool_parses_only_the_metrics_it_reads() -> None:
+    everything = parse_vllm_metrics(VLLM_METRICS)
+    read = parse_vllm_metrics(VLLM_METRICS, POOL_METRICS)
+    assert read == {name: everything[name] for name in POOL_METRICS}
+    assert read == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0,
+                    "vllm:generation_tokens_total": 1284.0, "vllm:request_inference_time_seconds_sum": 2.84}
+    assert everything["vllm:num_requests_waiting_by_reason"] == 5.0  # a longer name is a different metric

@@ -14,7 +14,9 @@ Metrics (``summarize``):
 * per call: queueing (vLLM's queue time), TTFT (client side);
 * waiting share: per call, queue time / call time, averaged over calls;
 * Jain's fairness index of program token latencies;
-* per program: the most calls it had in flight at once.
+* per program: the most calls it had in flight at once;
+* from the engines' counters over the run: the prefix-cache hit rate and the
+  preemptions of its calls.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class RunResult:
     started: float
     ended: float
     prefix_cache_hit_rate: float | None = None
+    #: Preemptions of the run's calls on the engines (None: no engine was read).
+    preemptions: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,18 +171,24 @@ async def uses_sessions(target: str) -> bool:
             return False
 
 
-async def prefix_cache_counters(engines: Sequence[str]) -> tuple[float, float]:
-    """Summed ``vllm:prefix_cache_hits_total`` and ``queries_total`` over the engines."""
+#: Engine counters read before and after a run: the prefix cache's token hits
+#: and queries, and preemptions (summed over the finished requests: vLLM's own
+#: under KV pressure and the Autellix plugin's by priority alike).
+ENGINE_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                   "vllm:request_num_preemptions_sum")
+
+
+async def engine_counters(engines: Sequence[str]) -> dict[str, float]:
+    """``ENGINE_COUNTERS`` summed over the engines."""
     from autellix.gateway.engines import parse_vllm_metrics
 
-    hits = queries = 0.0
+    totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
     async with aiohttp.ClientSession() as http:
         for url in engines:
             async with http.get(url.rstrip("/") + "/metrics") as r:
-                m = parse_vllm_metrics(await r.text())
-            hits += m.get("vllm:prefix_cache_hits_total", 0.0)
-            queries += m.get("vllm:prefix_cache_queries_total", 0.0)
-    return hits, queries
+                for name, value in parse_vllm_metrics(await r.text(), ENGINE_COUNTERS).items():
+                    totals[name] += value
+    return totals
 
 
 async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
@@ -191,7 +201,7 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
     arrivals = poisson_arrivals(len(programs), rate, seed)
     calls: list[CallStat] = []
     stats: list[ProgramStat] = []
-    before = await prefix_cache_counters(engines) if engines else None
+    before = await engine_counters(engines) if engines else None
     client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=3600)
 
     async def one(program: AgentProgram, at: float) -> None:
@@ -219,12 +229,14 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
     finally:
         await client.close()
     ended = time.monotonic()
-    hit_rate = None
+    hit_rate = preemptions = None
     if before is not None:
-        after = await prefix_cache_counters(engines)
-        queries = after[1] - before[1]
-        hit_rate = (after[0] - before[0]) / queries if queries > 0 else None
-    return RunResult(stats, calls, started, ended, prefix_cache_hit_rate=hit_rate)
+        after = await engine_counters(engines)
+        delta = {name: after[name] - before[name] for name in ENGINE_COUNTERS}
+        queries = delta["vllm:prefix_cache_queries_total"]
+        hit_rate = delta["vllm:prefix_cache_hits_total"] / queries if queries > 0 else None
+        preemptions = delta["vllm:request_num_preemptions_sum"]
+    return RunResult(stats, calls, started, ended, prefix_cache_hit_rate=hit_rate, preemptions=preemptions)
 
 
 def summarize(result: RunResult) -> dict[str, Any]:
@@ -257,6 +269,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "jain_fairness": jain_index(latencies),
         "max_parallel_calls": max(parallel, default=0),
         "prefix_cache_hit_rate": result.prefix_cache_hit_rate,
+        "preemptions": result.preemptions,
     }
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from autellix.bench.programs import make_programs
 from autellix.bench.runner import run_programs, summarize
 from autellix.core import SchedulerConfig
+from autellix.engine.cores import CoreSplit, engine_cores_isolated
 from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
 from autellix.gateway.process import free_port, gateway_process
@@ -85,21 +86,27 @@ ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT
 
 
 @contextlib.contextmanager
-def local_stack(system: System, settings: EngineSettings, log_dir: Path) -> Iterator[tuple[str, str]]:
-    """Start the system's engine (and gateway); yield (target URL, engine URL)."""
+def local_stack(system: System, settings: EngineSettings, log_dir: Path,
+                isolate_cores: bool = False) -> Iterator[tuple[str, str, CoreSplit | None]]:
+    """Start the system's engine (and gateway); yield (target URL, engine URL,
+    the core split). With ``isolate_cores`` the engine's model worker keeps its
+    cores to itself and the API server, the gateway and this client run on the
+    others (``autellix.engine.cores``)."""
     extra = list(settings.args) + ([] if system.prefix_caching else ["--no-enable-prefix-caching"])
     config = settings.config_for(system)
     engine: EngineProcess = start_engine(free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
                                          max_num_seqs=settings.max_num_seqs, extra_args=extra, config=config)
     try:
         wait_ready([engine], timeout=600)
-        if system.policy is None:
-            yield engine.url, engine.url
-            return
-        tokenizer = build_tiny_model(default_model_dir()) / "tokenizer.json"
-        with gateway_process([engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer),
-                             env=config.to_env(), log_path=log_dir / f"gateway-{system.name}.log") as url:
-            yield url, engine.url
+        with contextlib.ExitStack() as stack:
+            target = engine.url
+            if system.policy is not None:
+                tokenizer = build_tiny_model(default_model_dir()) / "tokenizer.json"
+                target = stack.enter_context(gateway_process(
+                    [engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer), env=config.to_env(),
+                    log_path=log_dir / f"gateway-{system.name}.log"))
+            split = stack.enter_context(engine_cores_isolated()) if isolate_cores else None
+            yield target, engine.url, split
     finally:
         stop_engine(engine)
 
@@ -107,10 +114,11 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path) -> Iter
 def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | None, seed: int,
               systems: Sequence[str],
               calibration: str = "paper", log_dir: Path | None = None, stream: bool = False,
-              scheduler: SchedulerConfig | None = None,
+              scheduler: SchedulerConfig | None = None, isolate_cores: bool = False,
               progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``systems`` over ``rates``; ``scheduler`` replaces the workload's
-    scheduler settings (queue boundaries, beta) for the systems behind the gateway."""
+    scheduler settings (queue boundaries, beta) for the systems behind the gateway;
+    ``isolate_cores``: see ``local_stack``."""
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
@@ -122,10 +130,16 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
     rates = list(rates or settings.rates)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="autellix-sweep-"))
     results: dict[str, dict[str, Any]] = {}
+    cores: dict[str, Any] = {}
     for name in systems:
         system = SYSTEMS[name]
         progress(f"{name}: starting a fresh stack (logs {log_dir})")
-        with local_stack(system, settings, log_dir) as (target, engine):
+        with local_stack(system, settings, log_dir, isolate_cores) as (target, engine, split):
+            cores[name] = split.to_mapping() if split else None
+            if split:
+                progress(f"{name}: model worker on cores {sorted(split.engine)}, the rest on {sorted(split.others)}")
+            elif isolate_cores:
+                progress(f"{name}: cores not split (one core, or no bound model worker found)")
             results[name] = {}
             for i, rate in enumerate(rates):
                 count = programs or settings.programs_at(rate)
@@ -142,7 +156,7 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
         "workload": workload, "calibration": calibration, "rates": list(rates), "seed": seed,
         "programs": {str(r): programs or settings.programs_at(r) for r in rates},
         "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)}, "stream": stream,
-        "scheduler": (settings.scheduler or SchedulerConfig()).to_mapping(),
+        "scheduler": (settings.scheduler or SchedulerConfig()).to_mapping(), "cores": cores,
         "results": results, "sustained": sustained_rates(results, rates),
         "under_load": loaded_comparison(results, rates),
     }
