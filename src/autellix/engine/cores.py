@@ -7,11 +7,12 @@ core (which busy-waits on the worker between steps), and, in a benchmark, the
 gateway and the client. Which of them land on the worker's core changes from
 run to run, and with it how much of its core the model gets. On this 2-core
 machine the same programs measured 10.9 to 15.8 ms per token for vllm-opt from
-one run to the next, and the systems with one more process in the path (the
-gateway) lost the most. With everything else moved off the workers' cores, two
-draws that measured 2x apart on shared cores came out within 4% of each other
-(docs/benchmarks.md), and the CPU engine behaves like a GPU engine, whose
-compute the serving processes never take.
+one run to the next. With everything else moved off the workers' cores, two
+draws that measured 2x apart on shared cores came out within 4% of each other,
+and the CPU engine behaves like a GPU engine, whose compute the serving
+processes never take. On two cores, though, that leaves one core for all the
+rest, which a gateway stack outgrows at high call rates: opt-in
+(``autellix bench sweep --isolate-cores``; docs/benchmarks.md).
 """
 
 from __future__ import annotations
