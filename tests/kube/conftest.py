@@ -29,6 +29,15 @@ from tests.kube.kmock_cluster import Cluster
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = sorted((ROOT / "crds").glob("*.yaml"))
 NAMESPACE = "default"
+#: (verb, group, resource[/subresource], namespaced) of every request an operator made in this session's
+#: emulated clusters (its own client's or kopf's): what tests/kube/test_rbac.py holds the chart's RBAC to.
+OPERATOR_ACCESS: set[tuple[str, str, str, bool]] = set()
+#: The test modules whose operators reached OPERATOR_ACCESS.
+ACCESS_FROM: set[str] = set()
+
+
+def is_operator(agent: str) -> bool:
+    return agent.startswith(("autellix-operator", "kopf/"))
 
 
 def load_crd(kind: str) -> dict[str, Any]:
@@ -53,9 +62,14 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 10.0,
 
 
 @pytest_asyncio.fixture
-async def cluster() -> AsyncIterator[Cluster]:
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
     async with Cluster() as emulator, kmock.Server(emulator):
         yield emulator
+    access = {(verb, group, res, ns is not None) for agent, verb, group, res, ns in emulator.requests
+              if is_operator(agent)}
+    if access:
+        OPERATOR_ACCESS.update(access)
+        ACCESS_FROM.add(request.node.module.__name__.rsplit(".", 1)[-1])
 
 
 @pytest_asyncio.fixture

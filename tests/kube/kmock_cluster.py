@@ -19,7 +19,11 @@ object reads and writes itself:
   ignores status when the resource has the subresource; ``/scale`` reads and
   writes spec.replicas;
 * deletion honours finalizers (deletionTimestamp first) and then collects the
-  objects whose ownerReferences name the deleted uid, as the garbage collector.
+  objects whose ownerReferences name the deleted uid, as the garbage collector;
+* ``/scale`` follows the CRD's scale paths (``labelSelectorPath``: the HPA's selector);
+* every object request is recorded (``requests``) with its User-Agent and RBAC
+  verb, plus the ``update`` on the owner's finalizers the API server requires
+  of a ``blockOwnerDeletion`` owner reference: what ``test_rbac.py`` checks.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ BUILTINS = [
     ("apps/v1/deployments", "Deployment", True),
     ("batch/v1/jobs", "Job", True),
     ("discovery.k8s.io/v1/endpointslices", "EndpointSlice", True),
+    ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget", True),
+    ("autoscaling/v2/horizontalpodautoscalers", "HorizontalPodAutoscaler", True),
+    ("coordination.k8s.io/v1/leases", "Lease", True),
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False),
 ]
 CRD = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -107,6 +114,15 @@ def field_selected(obj: Mapping[str, Any], selector: str | None) -> bool:
     return True
 
 
+def verb_of(method: str, name: str | None, watching: bool) -> str:
+    """The RBAC verb of a request, as the API server names it."""
+    if watching:
+        return "watch"
+    if method == "GET":
+        return "get" if name else "list"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+
+
 def _fail(status: int, reason: str, message: str) -> kmock.KubernetesError:
     return kmock.KubernetesError(status=status, reason=reason, message=message, details={})
 
@@ -118,6 +134,9 @@ class Cluster(kmock.KubernetesEmulator):
         self.log: list[tuple[int, kmock.resource, dict[str, Any]]] = []
         self.changed = asyncio.Condition()
         self.subresources: dict[kmock.resource, set[str]] = {}
+        self.scale_paths: dict[kmock.resource, dict[str, str]] = {}
+        #: Every object request: (User-Agent, verb, group, resource[/subresource], namespace or None).
+        self.requests: list[tuple[str, str, str, str, str | None]] = []
         for path, kind, namespaced in BUILTINS:
             self.resources[path] = kmock.ResourceInfo(kind=kind, singular=kind.lower(), namespaced=namespaced,
                                                       verbs=VERBS)
@@ -163,6 +182,7 @@ class Cluster(kmock.KubernetesEmulator):
                 namespaced=spec.get("scope", "Namespaced") == "Namespaced", verbs=VERBS,
                 shortnames=set(spec["names"].get("shortNames") or []), subresources=subresources)
             self.subresources[res] = subresources
+            self.scale_paths[res] = (version.get("subresources") or {}).get("scale") or {}
 
     # ---- writes ------------------------------------------------------------------------
     async def create(self, resource: kmock.resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +273,9 @@ class Cluster(kmock.KubernetesEmulator):
         method = request.method.upper()
         params = request.params
         ns, name, sub = request.namespace, request.name, request.subresource
-        if method == "GET" and str(params.get("watch", "")).lower() in ("true", "1"):
+        watching = method == "GET" and str(params.get("watch", "")).lower() in ("true", "1")
+        self._record(request, verb_of(method, name, watching), resource, sub, ns)
+        if watching:
             return await self._watch(request)
         async with self._lock:
             if method == "GET" and name is None:
@@ -268,7 +290,7 @@ class Cluster(kmock.KubernetesEmulator):
             if sub and resource in self.subresources and sub not in self.subresources[resource]:
                 raise _fail(404, "NotFound", f"{resource.plural} has no {sub} subresource")
             if method == "GET":
-                return self._json(self._scale(obj) if sub == "scale" else obj)
+                return self._json(self._scale(obj, resource) if sub == "scale" else obj)
             if method == "DELETE":
                 return self._json(await self.delete(resource, ns, name))
             if method == "PATCH":
@@ -284,7 +306,22 @@ class Cluster(kmock.KubernetesEmulator):
             else:
                 raise _fail(405, "MethodNotAllowed", method)
             new = await self.write(resource, ns, name, new, subresource=sub if sub == "status" else None)
-            return self._json(self._scale(new) if sub == "scale" else new)
+            return self._json(self._scale(new, resource) if sub == "scale" else new)
+
+    def _record(self, request: rendering.Request, verb: str, resource: kmock.resource, sub: str | None,
+                ns: str | None) -> None:
+        agent = request.headers.get("User-Agent", "")
+        plural = resource.plural + (f"/{sub}" if sub else "")
+        self.requests.append((agent, verb, resource.group or "", plural, ns))
+        # The API server's OwnerReferencesPermissionEnforcement: setting an owner reference with
+        # blockOwnerDeletion needs `update` on the owner's finalizers.
+        if verb in ("create", "update", "patch") and isinstance(request.data, Mapping):
+            for ref in (request.data.get("metadata") or {}).get("ownerReferences") or []:
+                if ref.get("blockOwnerDeletion"):
+                    group = ref.get("apiVersion", "").rpartition("/")[0]
+                    owner = next((r.plural for r in self.resources if r.group == group and
+                                  self._kind(r) == ref.get("kind")), ref.get("kind", "").lower() + "s")
+                    self.requests.append((agent, "update", group, f"{owner}/finalizers", ns))
 
     def _patched(self, obj: dict[str, Any], request: rendering.Request, sub: str | None) -> dict[str, Any]:
         content_type = request.headers.get("Content-Type", "")
@@ -302,13 +339,24 @@ class Cluster(kmock.KubernetesEmulator):
             raise _fail(400, "BadRequest", "a merge patch must be a JSON object")
         return merge_patch(obj, patch)
 
-    def _scale(self, obj: dict[str, Any]) -> dict[str, Any]:
-        meta = obj["metadata"]
+    def _scale(self, obj: dict[str, Any], resource: kmock.resource) -> dict[str, Any]:
+        """The Scale the API server builds from the CRD's scale paths (labelSelectorPath: the HPA's pods)."""
+        meta, paths = obj["metadata"], self.scale_paths.get(resource, {})
+
+        def at(path: str | None) -> Any:
+            value: Any = obj
+            for step in (path or "").strip(".").split("."):
+                value = value.get(step) if isinstance(value, Mapping) and step else None
+            return value
+
+        status: dict[str, Any] = {"replicas": at(paths.get("statusReplicasPath")) or 0}
+        if paths.get("labelSelectorPath") and at(paths["labelSelectorPath"]):
+            status["selector"] = at(paths["labelSelectorPath"])
         return {"apiVersion": "autoscaling/v1", "kind": "Scale",
                 "metadata": {"name": meta["name"], "namespace": meta.get("namespace"),
                              "resourceVersion": meta["resourceVersion"]},
-                "spec": {"replicas": obj.get("spec", {}).get("replicas", 0)},
-                "status": {"replicas": obj.get("status", {}).get("readyReplicas", 0)}}
+                "spec": {"replicas": at(paths.get("specReplicasPath", ".spec.replicas")) or 0},
+                "status": status}
 
     def _matches(self, obj: dict[str, Any], ns: str | None, name: str | None, params: Mapping[str, str]) -> bool:
         meta = obj.get("metadata", {})

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.asyncio
 
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 SERVICES = f"/api/v1/namespaces/{NAMESPACE}/services"
+BUDGETS = f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets"
 
 
 def engine(name: str = "llama", **spec: Any) -> dict[str, Any]:
@@ -25,7 +26,8 @@ def engine(name: str = "llama", **spec: Any) -> dict[str, Any]:
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in obj["status"]["conditions"] if c["type"] == type_)
+    """The condition (empty until the operator has set it)."""
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -101,10 +103,13 @@ async def test_deleted_or_edited_children_are_restored(
     # An edit by hand (someone scales the Deployment, changes the Service's port) is put back.
     await api.merge_patch(f"{DEPLOYMENTS}/qwen", {"spec": {"replicas": 5}})
     await api.merge_patch(f"{SERVICES}/qwen", {"spec": {"ports": [{"name": "http", "port": 9999}]}})
+    await api.merge_patch(f"{BUDGETS}/qwen", {"spec": {"maxUnavailable": 0}})  # would block every node drain
 
     async def repaired() -> bool:
         dep, svc = await api.get(f"{DEPLOYMENTS}/qwen"), await api.get(f"{SERVICES}/qwen")
-        return dep["spec"]["replicas"] == 1 and svc["spec"]["ports"][0]["port"] == 8000
+        budget = await api.get(f"{BUDGETS}/qwen")
+        return dep["spec"]["replicas"] == 1 and svc["spec"]["ports"][0]["port"] == 8000 and \
+            budget["spec"]["maxUnavailable"] == 1
 
     await eventually(repaired, what="the edits reverted")
 
@@ -124,6 +129,8 @@ async def test_invalid_spec_is_reported_in_status(
     assert cond["reason"] == "InvalidSpec"
     assert cond["message"] == "spec.scheduler.quanta: expected 3 values (one per queue, 2 boundaries), got 2"
     assert await api.get(f"{DEPLOYMENTS}/bad") is None
+    # `kubectl get axe` shows the reason in its STATUS column (the Ready condition's reason)
+    assert condition(await api.get(engine_path("bad")), "Ready")["reason"] == "InvalidSpec"
 
 
 async def test_a_child_name_taken_by_someone_else_is_not_taken_over(
@@ -156,3 +163,67 @@ async def test_scale_subresource_drives_the_deployment(
         return (await api.get(f"{DEPLOYMENTS}/scaled"))["spec"]["replicas"] == 4
 
     await eventually(scaled, what="the Deployment at 4 replicas")
+    # what an HPA reads to find the engine's pods: the scale subresource's selector (status.selector)
+
+    async def scale_selector() -> str | None:
+        return (await api.get(engine_path("scaled", "scale")))["status"].get("selector")
+
+    selector = await eventually(scale_selector, what="the scale subresource's selector")
+    assert selector == "app.kubernetes.io/component=engine,autellix.ai/engine=scaled"
+    pods = (await api.get(f"{DEPLOYMENTS}/scaled"))["spec"]["template"]["metadata"]["labels"]
+    assert dict(part.split("=") for part in selector.split(",")).items() <= pods.items()
+    budget = await api.get(f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/scaled")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {
+        "autellix.ai/engine": "scaled", "app.kubernetes.io/component": "engine"}}}
+
+
+HPAS = f"/apis/autoscaling/v2/namespaces/{NAMESPACE}/horizontalpodautoscalers"
+
+
+async def test_the_builtin_autoscaler_does_not_fight_an_hpa(
+        cluster: Cluster, api: KubeApi, operator: OperatorFactory, engine_path: Callable[..., str]) -> None:
+    """An HPA (or KEDA's) targets an engine whose built-in autoscaler is on: the operator says so in a
+    condition, leaves spec.replicas to the HPA (even outside its own bounds) and changes nothing."""
+    await operator()
+    await api.create(HPAS, {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                            "metadata": {"name": "keda-hpa-both", "namespace": NAMESPACE},
+                            "spec": {"scaleTargetRef": {"apiVersion": "autellix.ai/v1alpha1",
+                                                        "kind": "AutellixEngine", "name": "both"},
+                                     "minReplicas": 1, "maxReplicas": 8}})
+    await api.create(engine_path(), engine("both", replicas=1, autoscaling={"enabled": True, "maxReplicas": 2}))
+
+    async def standing_down() -> dict[str, Any] | None:
+        conditions = (await api.get(engine_path("both"))).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["reason"] == "ExternalAutoscaler"), None)
+
+    cond = await eventually(standing_down, what="Autoscaling=False ExternalAutoscaler")
+    assert cond["status"] == "False" and "HorizontalPodAutoscaler keda-hpa-both" in cond["message"]
+    await api.merge_patch(engine_path("both", "scale"), {"spec": {"replicas": 6}})  # the HPA scales up
+
+    async def followed() -> bool:
+        return (await api.get(f"{DEPLOYMENTS}/both"))["spec"]["replicas"] == 6
+
+    await eventually(followed, what="the Deployment at the HPA's 6 replicas")
+    assert (await api.get(engine_path("both")))["spec"]["replicas"] == 6
+
+
+INFERENCE_POOL_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "inferencepools.inference.networking.k8s.io"},
+    "spec": {"group": "inference.networking.k8s.io", "scope": "Namespaced",
+             "names": {"kind": "InferencePool", "plural": "inferencepools", "singular": "inferencepool"},
+             "versions": [{"name": "v1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+async def test_an_inference_pool_per_engine_when_enabled(
+        cluster: Cluster, api: KubeApi, operator: OperatorFactory, engine_path: Callable[..., str]) -> None:
+    await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", INFERENCE_POOL_CRD)
+    await operator(inference_pool=True)
+    await api.create(engine_path(), engine("pooled"))
+    pool = await eventually(lambda: api.get(
+        f"/apis/inference.networking.k8s.io/v1/namespaces/{NAMESPACE}/inferencepools/pooled"), what="the pool")
+    assert pool["spec"]["selector"]["matchLabels"] == {"autellix.ai/engine": "pooled",
+                                                      "app.kubernetes.io/component": "engine"}
+    assert pool["metadata"]["ownerReferences"][0]["name"] == "pooled"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -10,23 +14,30 @@ import pytest
 from autellix.core import SchedulerConfig
 from autellix.kube.diff import covers, drifted
 from autellix.kube.manifests import (
+    HF_HOME,
+    default_topology_spread,
     engine_deployment,
+    engine_disruption_budget,
+    engine_inference_pool,
     engine_service,
     job_outcome,
     program_job,
+    selector_string,
 )
-from autellix.kube.spec import SpecError, parse_engine, parse_program
+from autellix.kube.spec import POD_FIELDS, SpecError, parse_engine, parse_program
 
-#: The oldest Kubernetes the CRDs' CEL rules need, and the newest schema kubernetes-validate has.
-VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
+#: The oldest Kubernetes the chart supports and the one its helm targets.
+VERSIONS = ("1.29.0", "1.35.0")
 UID = "0b5c4f5e-6d7e-4f80-9a1b-2c3d4e5f6a7b"
+REVISION = "0e9e39f249a16976918f6564b8830bc894c89659"
 
 ENGINE_SPECS: dict[str, dict[str, Any]] = {
     "hub-gpu": {"model": {"name": "llama-8b", "source": {"hub": "meta-llama/Llama-3.1-8B-Instruct"}},
                 "resources": {"gpus": 2, "requests": {"cpu": "4", "memory": "32Gi"}},
                 "vllmArgs": ["--tensor-parallel-size", "2"],
                 "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
-                "scheduler": {"policy": "plas", "beta": "inf", "quanta": [64, 128, 256, 512, "inf"]},
+                "scheduler": {"policy": "plas", "beta": "inf", "boundaries": [0.5, 2, 8, 32],
+                              "quanta": [64, 128, 256, 512, "inf"]},
                 "replicas": 3},
     "pvc": {"model": {"name": "qwen", "source": {"pvc": {"claimName": "models", "path": "/qwen-7b/"}}},
             "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 5}, "replicas": 1},
@@ -34,6 +45,36 @@ ENGINE_SPECS: dict[str, dict[str, Any]] = {
                  "resources": {"limits": {"cpu": 2, "memory": "4Gi"}}, "terminationGracePeriodSeconds": 30,
                  "vllmArgs": ["--no-enable-prefix-caching"]},
 }
+
+#: Every placement field of the CRD at once, on AMD GPUs from a private registry.
+PLACED: dict[str, Any] = {
+    "model": {"name": "llama", "source": {"hub": "meta-llama/Llama-3.1-8B-Instruct"}, "revision": REVISION,
+              "hubTokenSecret": {"name": "hf"}, "cache": {"pvc": {"claimName": "hf-cache"}, "offline": True}},
+    "image": "registry.example/autellix-engine:0.1.0",
+    "imagePullSecrets": [{"name": "registry"}],
+    "resources": {"gpus": 2, "gpuResourceName": "amd.com/gpu", "requests": {"cpu": "8", "memory": "64Gi",
+                                                                          "ephemeral-storage": "50Gi"}},
+    "nodeSelector": {"node.kubernetes.io/instance-type": "mi300x"},
+    "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu.memory", "operator": "Gt", "values": ["100000"]}]}]}}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "DoNotSchedule",
+                                   "labelSelector": {"matchLabels": {"autellix.ai/engine": "llama"}}}],
+    "runtimeClassName": "amd",
+    "priorityClassName": "inference-critical",
+    "serviceAccountName": "engines",
+    "automountServiceAccountToken": True,
+    "securityContext": {"runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+    "containerSecurityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    "podAnnotations": {"prometheus.io/scrape": "true"},
+    "podLabels": {"team": "inference", "autellix.ai/engine": "not-this"},
+    "shmSize": "16Gi",
+    "disruptionBudget": {"maxUnavailable": "25%"},
+}
+ENGINE_SPECS["placed"] = PLACED
+ENGINE_SPECS["host-cache"] = {"model": {"name": "m", "source": {"hub": "org/m"},
+                                        "cache": {"hostPath": {"path": "/var/cache/hf"}}}}
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -44,8 +85,114 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("case", sorted(ENGINE_SPECS))
 def test_engine_children_validate_strictly(case: str, version: str) -> None:
     spec = parse_engine(ENGINE_SPECS[case])
-    for manifest in (engine_deployment("e", "ns", UID, spec), engine_service("e", "ns", UID)):
+    for manifest in (engine_deployment("e", "ns", UID, spec), engine_service("e", "ns", UID),
+                     engine_disruption_budget("e", "ns", UID, spec)):
         kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_every_placement_field_reaches_the_pod() -> None:
+    pod = engine_deployment("llama", "prod", UID, parse_engine(PLACED))["spec"]["template"]
+    spec, c = pod["spec"], pod["spec"]["containers"][0]
+    for name in POD_FIELDS:
+        assert spec[name] == PLACED[name], name
+    assert spec["automountServiceAccountToken"] is True
+    assert c["securityContext"] == PLACED["containerSecurityContext"]
+    assert c["image"] == PLACED["image"]
+    assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi", "ephemeral-storage": "50Gi",
+                                           "amd.com/gpu": "2"}, "limits": {"amd.com/gpu": "2"}}
+    assert pod["metadata"]["annotations"] == PLACED["podAnnotations"]
+    assert pod["metadata"]["labels"]["team"] == "inference"
+    assert pod["metadata"]["labels"]["autellix.ai/engine"] == "llama"  # the operator's selector label wins
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    budget = engine_disruption_budget("llama", "prod", UID, parse_engine(PLACED))
+    assert budget["spec"]["maxUnavailable"] == "25%"
+    covered = set(POD_FIELDS) | {"model", "image", "resources", "automountServiceAccountToken",
+                                 "containerSecurityContext", "podAnnotations", "podLabels", "shmSize",
+                                 "disruptionBudget"}
+    assert set(PLACED) == covered  # a new field joins PLACED and this test
+
+
+def test_model_storage_pins_the_revision_and_keeps_the_cache() -> None:
+    c = container(engine_deployment("llama", "prod", UID, parse_engine(PLACED)))
+    assert c["args"][:6] == ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama",
+                             "--revision", REVISION]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    assert env["HF_HOME"]["value"] == HF_HOME and env["HF_HUB_OFFLINE"]["value"] == "1"
+    assert {"name": "hf-cache", "mountPath": HF_HOME} in c["volumeMounts"]
+    shared = engine_deployment("llama", "prod", UID, parse_engine(PLACED))["spec"]["template"]["spec"]
+    assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in shared["volumes"]
+    host = engine_deployment("m", "ns", UID, parse_engine(ENGINE_SPECS["host-cache"]))["spec"]["template"]["spec"]
+    assert {"name": "hf-cache", "hostPath": {"path": "/var/cache/hf", "type": "DirectoryOrCreate"}} in host["volumes"]
+    assert "HF_HUB_OFFLINE" not in {e["name"] for e in host["containers"][0]["env"]}
+    # no cache given: the pod's own emptyDir (downloads on every start)
+    plain = engine_deployment("e", "ns", UID, parse_engine(ENGINE_SPECS["hub-gpu"]))["spec"]["template"]["spec"]
+    assert {"name": "hf-cache", "emptyDir": {}} in plain["volumes"]
+
+
+def test_a_warm_cache_serves_the_pinned_revision_without_the_hub(tmp_path: Path) -> None:
+    """What the engine's hub client does with the pod's environment (HF_HOME on the cache volume,
+    HF_HUB_OFFLINE): a cache holding the pinned revision serves it with no hub call; a cold one fails fast
+    rather than downloading."""
+    pytest.importorskip("huggingface_hub", reason="the hub client vLLM uses (engine extra)")
+    pod_env = {e["name"]: e["value"] for e in container(engine_deployment("l", "ns", UID, parse_engine(PLACED)))["env"]
+               if "value" in e}
+    assert pod_env["HF_HUB_OFFLINE"] == "1"
+    code = ("from huggingface_hub import snapshot_download; "
+            f"print(snapshot_download('meta-llama/Llama-3.1-8B-Instruct', revision='{REVISION}'))")
+
+    def load(cache: Path) -> subprocess.CompletedProcess:
+        env = {**os.environ, **pod_env, "HF_HOME": str(cache), "HF_ENDPOINT": "http://127.0.0.1:9"}
+        env.pop("HF_TOKEN", None)
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+    snapshot = tmp_path / "warm" / "hub" / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    warm = load(tmp_path / "warm")
+    assert warm.returncode == 0 and warm.stdout.strip() == str(snapshot), warm.stderr[-2000:]
+    cold = load(tmp_path / "cold")
+    assert cold.returncode != 0 and "offline" in cold.stderr.lower(), cold.stderr[-2000:]
+
+
+@pytest.mark.parametrize("version", ["1.35.0"])  # image volumes exist from Kubernetes 1.31 on
+def test_weights_from_an_image_volume(version: str) -> None:
+    spec = parse_engine({"model": {"name": "m", "source": {"image": {
+        "reference": "registry.example/models/qwen:7b", "path": "/qwen"}}}})
+    deployment = engine_deployment("q", "ns", UID, spec)
+    kubernetes_validate.validate(deployment, version, strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"name": "model", "image": {"reference": "registry.example/models/qwen:7b",
+                                       "pullPolicy": "IfNotPresent"}} in pod["volumes"]
+    assert pod["containers"][0]["args"][:2] == ["--model", "/models/qwen"]
+
+
+def test_engines_spread_and_run_without_an_api_token_by_default() -> None:
+    pod = engine_deployment("e", "ns", UID, parse_engine(ENGINE_SPECS["hub-gpu"]))["spec"]["template"]["spec"]
+    assert pod["topologySpreadConstraints"] == default_topology_spread("e")
+    assert [t["topologyKey"] for t in pod["topologySpreadConstraints"]] == ["kubernetes.io/hostname",
+                                                                            "topology.kubernetes.io/zone"]
+    assert {t["whenUnsatisfiable"] for t in pod["topologySpreadConstraints"]} == {"ScheduleAnyway"}
+    assert pod["automountServiceAccountToken"] is False
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_disruption_budget_and_inference_pool_select_the_engine_pods() -> None:
+    deployment = engine_deployment("e", "ns", UID, parse_engine(ENGINE_SPECS["hub-gpu"]))
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    budget = engine_disruption_budget("e", "ns", UID, parse_engine(ENGINE_SPECS["hub-gpu"]))
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": deployment["spec"]["selector"][
+        "matchLabels"]}}
+    pool = engine_inference_pool("e", "ns", UID, None)
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["kind"] == "InferencePool"
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {"name": "e-epp", "port": {"number": 9002}}
+    assert engine_inference_pool("e", "ns", UID, "picker")["spec"]["endpointPickerRef"]["name"] == "picker"
+    # the scale subresource's selector (status.selector) selects the same pods
+    wanted = dict(part.split("=") for part in selector_string("e").split(","))
+    assert wanted == deployment["spec"]["selector"]["matchLabels"]
 
 
 def test_engine_deployment_carries_the_spec() -> None:
@@ -57,7 +204,8 @@ def test_engine_deployment_carries_the_spec() -> None:
     assert c["resources"] == {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "2"},
                               "limits": {"nvidia.com/gpu": "2"}}
     env = {e["name"]: e for e in c["env"]}
-    expected = SchedulerConfig(policy="plas", beta=float("inf")).to_env()
+    expected = SchedulerConfig(policy="plas", beta=float("inf"), boundaries=(0.5, 2, 8, 32),
+                               quanta=(64, 128, 256, 512, float("inf"))).to_env()
     assert {k: env[k]["value"] for k in expected} == expected
     assert env["AUTELLIX_POLICY"]["value"] == "plas" and env["AUTELLIX_BETA"]["value"] == "inf"
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
@@ -92,6 +240,7 @@ def test_engine_service_is_what_the_gateway_discovers() -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_program_job_validates_strictly_and_reaches_the_gateway(version: str) -> None:
+    """Also: resources, service account, TTL, backoff and deadline come from the spec, with defaults."""
     spec = parse_program({"image": "agent:1", "command": ["python", "agent.py"], "args": ["--steps", "3"],
                           "model": "llama-8b", "timeoutSeconds": 600, "backoffLimit": 1,
                           "apiKeySecret": {"name": "gw", "key": "key"},
@@ -107,6 +256,20 @@ def test_program_job_validates_strictly_and_reaches_the_gateway(version: str) ->
     default = program_job("p", "ns", UID, parse_program({"image": "a"}), gateway="http://gw", session_id="s")
     env = {e["name"]: e.get("value") for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["OPENAI_BASE_URL"] == "http://gw/v1" and env["AUTELLIX_GATEWAY_URL"] == "http://gw"
+    assert default["spec"]["ttlSecondsAfterFinished"] == 3600 and default["spec"]["activeDeadlineSeconds"] == 86400
+    assert default["spec"]["backoffLimit"] == 0
+    pod = default["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    tuned = program_job("p", "ns", UID, parse_program({
+        "image": "a", "ttlSecondsAfterFinished": 60, "serviceAccountName": "agents",
+        "automountServiceAccountToken": True, "resources": {"limits": {"memory": "1Gi", "cpu": 1}}}),
+        gateway="http://gw", session_id="s")
+    kubernetes_validate.validate(tuned, version, strict=True)
+    pod = tuned["spec"]["template"]["spec"]
+    assert tuned["spec"]["ttlSecondsAfterFinished"] == 60
+    assert pod["serviceAccountName"] == "agents" and pod["automountServiceAccountToken"] is True
+    assert pod["containers"][0]["resources"] == {"limits": {"memory": "1Gi", "cpu": "1"}}
 
 
 @pytest.mark.parametrize(("status", "outcome"), [
@@ -121,9 +284,21 @@ def test_job_outcome(status: dict[str, Any], outcome: str | None) -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     ({}, "spec.model: required"),
-    ({"model": {"name": "m", "source": {}}}, "spec.model.source: set exactly one of path, pvc, hub (got none)"),
+    ({"model": {"name": "m", "source": {}}},
+     "spec.model.source: set exactly one of path, pvc, image, hub (got none)"),
     ({"model": {"name": "m", "source": {"path": "/a", "hub": "x/y"}}},
-     "spec.model.source: set exactly one of path, pvc, hub (got path, hub)"),
+     "spec.model.source: set exactly one of path, pvc, image, hub (got path, hub)"),
+    ({"model": {"name": "m", "source": {"path": "/a"}, "revision": "main"}},
+     "spec.model.revision: only a hub source has revisions (source is not hub)"),
+    ({"model": {"name": "m", "source": {"path": "/a"}, "cache": {"pvc": {"claimName": "c"}}}},
+     "spec.model.cache: only a hub source downloads (source is not hub)"),
+    ({"model": {"name": "m", "source": {"hub": "a/b"}, "cache": {"pvc": {"claimName": "c"},
+                                                                  "hostPath": {"path": "/c"}}}},
+     "spec.model.cache: set at most one of pvc, hostPath"),
+    ({"model": {"name": "m", "source": {"path": "/a"}}, "tolerations": {"key": "x"}},
+     "spec.tolerations: expected list, got {'key': 'x'}"),
+    ({"model": {"name": "m", "source": {"path": "/a"}}, "nodeSelector": {"gpu": 1}},
+     "spec.nodeSelector: expected a map of strings, got {'gpu': 1}"),
     ({"model": {"name": "", "source": {"path": "/a"}}},
      "spec.model.name: required (the served model name clients ask for)"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "replicas": -1}, "spec.replicas: expected 0..64, got -1"),

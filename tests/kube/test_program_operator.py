@@ -109,6 +109,23 @@ async def test_deleting_a_running_program_ends_its_session(cluster: Cluster, api
     await eventually(lambda: _gone(api, f"{JOBS}/chat"), what="the Job deleted")
 
 
+async def test_a_job_gone_before_its_outcome_fails_the_program(cluster: Cluster, api: KubeApi, gateway: Gateway,
+                                                                operator: OperatorFactory) -> None:
+    """Its Job deleted by hand, or collected (ttlSecondsAfterFinished) while the operator was away: the
+    session ends, the program is Failed and says why."""
+    await operator(gateway_url=gateway.url)
+    await api.create(PROGRAMS, program("lost"))
+    await eventually(lambda: api.get(f"{JOBS}/lost"), what="the Job")
+    job = await api.get(f"{JOBS}/lost")
+    assert job["spec"]["ttlSecondsAfterFinished"] == 3600
+    await api.merge_patch(f"{JOBS}/lost/status", {"status": {"active": 1}})
+    status = await eventually(lambda: _status(api, "lost", "phase", "Running"), what="phase Running")
+    await api.delete(f"{JOBS}/lost")
+    status = await eventually(lambda: _status(api, "lost", "phase", "Failed"), what="phase Failed")
+    assert status["sessionEnded"] is True and "is gone" in status["message"]
+    assert (await session_entry(gateway, status["sessionId"]))[0] == 404
+
+
 async def test_bad_gateway_url_in_spec_fails_the_program(cluster: Cluster, api: KubeApi,
                                                          operator: OperatorFactory) -> None:
     """A spec the schema's pattern would refuse, written past it: reported, no Job, no session."""

@@ -41,8 +41,11 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* <imageRegistry>/<repository>:<tag or appVersion>: include with (dict "ctx" . "image" .Values.gateway.image). */}}
 {{- define "autellix.image" -}}
-{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- $registry := .ctx.Values.imageRegistry | trimSuffix "/" }}
+{{- $repository := ternary (printf "%s/%s" $registry .image.repository) .image.repository (ne $registry "") }}
+{{- printf "%s:%s" $repository (default .ctx.Chart.AppVersion .image.tag) }}
 {{- end }}
 
 {{/* The namespace the gateway's discovery watches (when not all namespaces). */}}
@@ -110,3 +113,56 @@ seccompProfile:
 {{- define "autellix.clusterScopedName" -}}
 {{- printf "%s-%s" .ctx.Release.Namespace .name | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/* The operator's rules in the namespaces it serves (autellix.kube.rbac.OPERATOR_RULES, scope "served"). */}}
+{{- define "autellix.operatorServedRules" -}}
+# Its resources: kopf's watch, progress annotations and finalizer; a child's event reads its engine;
+# the autoscaler patches spec.replicas.
+- apiGroups: [autellix.ai]
+  resources: [autellixengines]
+  verbs: [get, list, watch, patch]
+- apiGroups: [autellix.ai]
+  resources: [agentprograms]
+  verbs: [list, watch, patch]
+- apiGroups: [autellix.ai]
+  resources: [autellixengines/status, agentprograms/status]
+  verbs: [patch]
+# Children carry blockOwnerDeletion owner references to these.
+- apiGroups: [autellix.ai]
+  resources: [autellixengines/finalizers, agentprograms/finalizers]
+  verbs: [update]
+# An engine's children: applied, and watched for drift.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch]
+# A program's Job: created once, read for its outcome.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create]
+# The autoscaler's pod-deletion-cost annotation on the engine it drained.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [patch]
+# Which pod is behind which engine URL (the gateway's own view).
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list]
+# An HPA or KEDA targeting an engine: the built-in autoscaler stands down.
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list]
+# kopf's handler outcomes as Events.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}
+

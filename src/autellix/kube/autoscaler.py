@@ -18,8 +18,9 @@ flight.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from autellix.kube.spec import Autoscaling
 
@@ -109,3 +110,16 @@ def plan(current: int, desired: int, engines: Sequence[EngineLoad]) -> ScalePlan
     drain = tuple(e.url for e in others[: excess - len(keep)])
     remove = tuple(e for e in keep if e.idle)
     return ScalePlan(replicas=current - len(remove), drain=drain, undrain=undrain, remove=remove)
+
+
+def external_autoscalers(hpas: Iterable[Mapping[str, Any]], engine: str, group: str) -> list[str]:
+    """The HorizontalPodAutoscalers (KEDA's ScaledObjects make one each) whose target is the AutellixEngine
+    ``engine``: while any exists the built-in autoscaler stands down, so the two never fight over
+    spec.replicas."""
+    found = []
+    for hpa in hpas:
+        target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+        if target.get("kind") == "AutellixEngine" and target.get("name") == engine and \
+                str(target.get("apiVersion", "")).split("/")[0] == group:
+            found.append(str(hpa.get("metadata", {}).get("name")))
+    return sorted(found)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autellix.gateway.kube_discovery import slice_urls
+from autellix.endpointslices import slice_urls
 
 
 def endpoint_pods(slices: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:

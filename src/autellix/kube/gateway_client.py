@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from autellix.kube.autoscaler import EngineLoad
+from autellix.protocol import ADMIN_DRAIN_PATH, ADMIN_ENGINES_PATH, ADMIN_UNDRAIN_PATH, SESSIONS_PATH, session_path
 
 
 class GatewayError(RuntimeError):
@@ -43,13 +44,13 @@ class GatewayClient:
             raise GatewayError(f"{method} {url}: {exc.__class__.__name__}: {exc}") from exc
 
     async def open_session(self, gateway: str) -> str:
-        payload = await self._call("POST", f"{gateway}/v1/sessions")
+        payload = await self._call("POST", f"{gateway}{SESSIONS_PATH}")
         return str(payload["id"])
 
     async def get_session(self, gateway: str, session_id: str) -> dict[str, Any] | None:
         """The session's process-table entry; None once it has ended or expired."""
         try:
-            return await self._call("GET", f"{gateway}/v1/sessions/{session_id}")
+            return await self._call("GET", f"{gateway}{session_path(session_id)}")
         except GatewayError as exc:
             if exc.status == 404:
                 return None
@@ -58,17 +59,17 @@ class GatewayClient:
     async def end_session(self, gateway: str, session_id: str) -> dict[str, Any] | None:
         """Ends the session; its final entry, or None if it had already ended."""
         try:
-            return await self._call("DELETE", f"{gateway}/v1/sessions/{session_id}")
+            return await self._call("DELETE", f"{gateway}{session_path(session_id)}")
         except GatewayError as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def engines(self, gateway: str) -> list[EngineLoad]:
-        payload = await self._call("GET", f"{gateway}/admin/engines")
+        payload = await self._call("GET", f"{gateway}{ADMIN_ENGINES_PATH}")
         return [EngineLoad(url=e["url"], load=float(e.get("load", 0.0)), inflight=int(e.get("inflight", 0)),
                            draining=bool(e.get("draining", False)), healthy=bool(e.get("healthy", True)))
                 for e in payload.get("data", [])]
 
     async def drain(self, gateway: str, url: str, draining: bool = True) -> None:
-        await self._call("POST", f"{gateway}/admin/engines/{'drain' if draining else 'undrain'}", {"url": url})
+        await self._call("POST", f"{gateway}{ADMIN_DRAIN_PATH if draining else ADMIN_UNDRAIN_PATH}", {"url": url})

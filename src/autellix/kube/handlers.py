@@ -1,10 +1,12 @@
 """kopf handlers: a few lines each over the pure parts and the two clients.
 
-AutellixEngine: create/update/resume apply the Deployment and Service; events
-of those children (a delete, an edit, a rollout's progress) re-apply them and
-refresh the status; a timer autoscales. AgentProgram: create opens the session
-and starts the Job; a timer mirrors the session into status and ends it when
-the Job finishes; delete (a finalizer) ends it too.
+AutellixEngine: create/update/resume apply the Deployment, Service,
+PodDisruptionBudget (and InferencePool when enabled); events of those children
+(a delete, an edit, a rollout's progress) re-apply them and refresh the status;
+a timer autoscales, unless an HPA (or KEDA's) targets the engine. AgentProgram:
+create opens the session and starts the Job; a timer mirrors the session into
+status and ends it when the Job finishes (or is gone); delete (a finalizer)
+ends it too.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from autellix.kube import API_VERSION, ENGINE_KIND, ENGINE_PLURAL, GROUP, PROGRAM_KIND, PROGRAM_PLURAL, VERSION
-from autellix.kube.autoscaler import EngineLoad, Sample, desired_replicas, plan, trim
+from autellix.kube.autoscaler import EngineLoad, Sample, desired_replicas, external_autoscalers, plan, trim
+from autellix.kube.conditions import condition, set_condition
 from autellix.kube.endpoints import endpoint_pods
 from autellix.kube.gateway_client import GatewayClient, GatewayError
 from autellix.kube.kubeapi import KubeApi, NotOwned, object_path
@@ -31,12 +35,15 @@ from autellix.kube.manifests import (
     MANAGED_BY,
     POD_DELETION_COST,
     engine_deployment,
+    engine_disruption_budget,
+    engine_inference_pool,
     engine_service,
     job_name,
     job_outcome,
     program_job,
+    selector_string,
 )
-from autellix.kube.spec import EngineSpec, SpecError, parse_engine, parse_program
+from autellix.kube.spec import DEFAULT_ENGINE_IMAGE, EngineSpec, SpecError, parse_engine, parse_program
 from autellix.kube.status import engine_status, load_status, now_iso, parse_iso, session_status
 
 log = logging.getLogger("autellix.kube")
@@ -44,6 +51,8 @@ log = logging.getLogger("autellix.kube")
 ENGINES = (GROUP, VERSION, ENGINE_PLURAL)
 PROGRAMS = (GROUP, VERSION, PROGRAM_PLURAL)
 RUNNING_PHASES = ("Pending", "Running")
+#: The Autoscaling condition's reason while an HPA (or KEDA's) targets the engine.
+EXTERNAL_AUTOSCALER = "ExternalAutoscaler"
 
 
 @dataclass
@@ -57,6 +66,10 @@ class OperatorConfig:
     program_poll_interval: float = 5.0
     #: Seconds before a failed handler runs again (an API or gateway error).
     retry_backoff: float = 10.0
+    #: The engine image of an AutellixEngine whose spec names none (the chart's image registry and tag).
+    engine_image: str = DEFAULT_ENGINE_IMAGE
+    #: Also make a Gateway API InferencePool per engine (its CRD must be installed).
+    inference_pool: bool = False
 
 
 @dataclass
@@ -80,31 +93,49 @@ async def _write_status(ctx: Context, path: str, previous: dict[str, Any], chang
         await ctx.api.merge_patch(path + "/status", {"status": changes})
 
 
+async def scaled_by(ctx: Context, namespace: str, name: str) -> list[str]:
+    """The HPAs (KEDA's included) that target this engine."""
+    hpas = await ctx.api.list(f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers")
+    return external_autoscalers(hpas, name, GROUP)
+
+
 async def reconcile_engine(ctx: Context, engine: dict[str, Any]) -> EngineSpec:
     """Apply the engine's children and write its status (an invalid spec: kopf.PermanentError, reported)."""
     meta, status = engine["metadata"], engine.get("status") or {}
     name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
-    path = _engine_path(namespace, name)
+    path, selector = _engine_path(namespace, name), selector_string(name)
     try:
-        spec = parse_engine(engine.get("spec") or {})
+        spec = parse_engine(engine.get("spec") or {}, default_image=ctx.config.engine_image)
     except SpecError as exc:
         await _write_status(ctx, path, status, engine_status(
             status, desired=0, deployment=None, reconciled=(False, "InvalidSpec", str(exc)), now=now_iso(),
-            generation=generation))
+            generation=generation, selector=selector))
         raise kopf.PermanentError(str(exc)) from None
+    if spec.autoscaling.enabled and await scaled_by(ctx, namespace, name):  # its spec.replicas, unclamped
+        spec = dataclasses.replace(spec, autoscaling=dataclasses.replace(spec.autoscaling, enabled=False))
+    children = [engine_deployment(name, namespace, uid, spec), engine_service(name, namespace, uid),
+                engine_disruption_budget(name, namespace, uid, spec)]
+    if ctx.config.inference_pool:
+        children.append(engine_inference_pool(name, namespace, uid, None))
+    results, reconciled = [], (True, "Applied", "")
     try:
-        results = [await ctx.api.apply(engine_deployment(name, namespace, uid, spec)),
-                   await ctx.api.apply(engine_service(name, namespace, uid))]
+        for child in children:
+            results.append(f"{child['kind']} {await ctx.api.apply(child)}")
     except NotOwned as exc:
         await _write_status(ctx, path, status, engine_status(
             status, desired=spec.desired_replicas, deployment=None, reconciled=(False, "NameTaken", str(exc)),
-            now=now_iso(), generation=generation))
+            now=now_iso(), generation=generation, selector=selector))
         raise kopf.TemporaryError(str(exc), delay=ctx.config.retry_backoff * 6) from None
+    except ApiException as exc:
+        if exc.status != 404 or children[len(results)]["kind"] != "InferencePool":
+            raise
+        reconciled = (False, "NoInferencePoolAPI", "InferencePool (inference.networking.k8s.io/v1) is not "
+                                                   "installed in the cluster; the engine serves without it. ")
     live = await ctx.api.get(object_path("apps/v1", "Deployment", namespace, name))
-    message = f"Deployment {results[0]}, Service {results[1]}."
+    message = reconciled[2] + ", ".join(results) + "."
     await _write_status(ctx, path, status, engine_status(
-        status, desired=spec.desired_replicas, deployment=live, reconciled=(True, "Applied", message), now=now_iso(),
-        generation=generation))
+        status, desired=spec.desired_replicas, deployment=live, reconciled=(*reconciled[:2], message),
+        now=now_iso(), generation=generation, selector=selector))
     return spec
 
 
@@ -138,9 +169,24 @@ async def engine_loads(ctx: Context, namespace: str, name: str) -> list[EngineLo
     return [dataclasses.replace(e, pod=pods[e.url]) for e in seen if e.url in pods and e.url not in ctx.removed]
 
 
+def autoscaling_condition(status: dict[str, Any], enabled: bool, external: list[str]) -> list[dict[str, Any]]:
+    """Who drives spec.replicas: the built-in autoscaler, an HPA/KEDA (the built-in one then stands down),
+    or nobody (kubectl scale)."""
+    if external:
+        who = ", ".join(f"HorizontalPodAutoscaler {n}" for n in external)
+        message = f"{who} scales this engine" + (
+            "; the built-in autoscaler stands down (set spec.autoscaling.enabled: false)" if enabled else ".")
+        reason, active = (EXTERNAL_AUTOSCALER, not enabled)
+    elif enabled:
+        reason, active, message = "BuiltIn", True, "The operator's autoscaler sets spec.replicas from the load."
+    else:
+        reason, active, message = "Manual", False, "spec.replicas is set by hand (kubectl scale) or by nobody."
+    return set_condition(status.get("conditions"), "Autoscaling", active, reason, message, now_iso())
+
+
 async def autoscale(ctx: Context, engine: dict[str, Any], memo: kopf.Memo, now: float) -> None:
     """One autoscaler step: sample the load, decide, drain or undrain, remove drained engines, set replicas
-    (with autoscaling off: only show the load)."""
+    (with autoscaling off, or an HPA or KEDA driving the engine: only show the load)."""
     meta, status = engine["metadata"], engine.get("status") or {}
     name, namespace = meta["name"], meta["namespace"]
     try:
@@ -148,8 +194,19 @@ async def autoscale(ctx: Context, engine: dict[str, Any], memo: kopf.Memo, now: 
     except SpecError:
         return  # reported by reconcile_engine
     policy = spec.autoscaling
+    external = await scaled_by(ctx, namespace, name)
+    previous = condition(status.get("conditions"), "Autoscaling") or {}
+    if autoscaling_condition(status, policy.enabled, external) != status.get("conditions"):
+        # Written whatever the load, onto the conditions as they are now: the timer's body may be older
+        # than the Reconciled/Ready conditions an event handler wrote since.
+        if external and policy.enabled and previous.get("reason") != EXTERNAL_AUTOSCALER:
+            log.warning("autoscaler: %s/%s is scaled by %s: standing down", namespace, name, ", ".join(external))
+        fresh = (await ctx.api.get(_engine_path(namespace, name)) or {}).get("status") or {}
+        status = {**status, "conditions": autoscaling_condition(fresh, policy.enabled, external)}
+        await ctx.api.merge_patch(_engine_path(namespace, name) + "/status",
+                                  {"status": {"conditions": status["conditions"]}})
     engines = await engine_loads(ctx, namespace, name)
-    if not policy.enabled:  # the load is still shown
+    if not policy.enabled or external:  # the load is still shown
         await _write_status(ctx, _engine_path(namespace, name), status, load_status(engines))
         return
     history = trim([*getattr(memo, "history", []), Sample(now, sum(e.load for e in engines))], policy, now)
@@ -236,6 +293,11 @@ async def watch_program(ctx: Context, program: dict[str, Any]) -> None:
     elif job is not None:
         changes["phase"] = "Running" if job.get("status", {}).get("active") or status.get("phase") == "Running" \
             else "Pending"
+    elif status.get("phase") == "Running":  # deleted, or collected (ttlSecondsAfterFinished) while we were away
+        final = await ctx.gateway.end_session(gateway, session)
+        changes |= session_status(final or entry, _elapsed(status))
+        changes |= {"phase": "Failed", "sessionEnded": True, "completionTime": now_iso(),
+                    "message": f"Job {job_name(name)} is gone and its outcome was not seen."}
     await _write_status(ctx, _program_path(namespace, name), status, changes)
 
 
@@ -280,6 +342,7 @@ def build_registry(config: OperatorConfig, login: Any = default_login) -> kopf.O
 
     @kopf.on.event("apps", "v1", "deployments", id="engine-child", labels=children, registry=registry)
     @kopf.on.event("", "v1", "services", id="engine-child", labels=children, registry=registry)
+    @kopf.on.event("policy", "v1", "poddisruptionbudgets", id="engine-child", labels=children, registry=registry)
     async def engine_child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await engine_child_event(ctx_of(memo), _plain(body))
 

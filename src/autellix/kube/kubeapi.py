@@ -22,6 +22,10 @@ PLURALS = {
     ("v1", "Pod"): "pods",
     ("batch/v1", "Job"): "jobs",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
     (API_VERSION, ENGINE_KIND): ENGINE_PLURAL,
     (API_VERSION, PROGRAM_KIND): PROGRAM_PLURAL,
 }
@@ -94,6 +98,10 @@ class KubeApi:
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.request("POST", path, body)
+
+    async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT: refused (409) when ``body``'s resourceVersion is not the live one."""
+        return await self.request("PUT", path, body)
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")

@@ -2,8 +2,9 @@
 
 * AutellixEngine -> a Deployment of engine pods (``autellix engine``: Autellix's
   scheduler inside vLLM, prefix caching on, GPUs, readiness on /health, a
-  preStop that waits for the engine's calls to finish) and a Service whose
-  labels the gateway's EndpointSlice discovery selects.
+  preStop that waits for the engine's calls to finish), a Service whose
+  labels the gateway's EndpointSlice discovery selects, a PodDisruptionBudget,
+  and (when the operator is asked to) a Gateway API InferencePool.
 * AgentProgram -> a Job whose pod reaches the gateway's OpenAI endpoint with
   its calls in one session (OPENAI_BASE_URL, AUTELLIX_SESSION).
 
@@ -28,7 +29,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 #: A pod with a lower cost is removed first when a Deployment scales down; the
 #: autoscaler marks the engine it drained.
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-GPU_RESOURCE = "nvidia.com/gpu"
+#: Where a hub model is downloaded (HF_HOME), whatever user the image runs as.
+HF_HOME = "/cache/huggingface"
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 
 # Waits (within the grace period) until the engine has no running or waiting
 # call: the gateway stops sending new ones when the pod starts terminating
@@ -65,13 +68,22 @@ def engine_labels(name: str) -> dict[str, str]:
     }
 
 
-def _selector(name: str) -> dict[str, str]:
+def engine_selector(name: str) -> dict[str, str]:
+    """The labels that select an engine's pods (Deployment, Service, PDB, InferencePool, HPA)."""
     return {LABEL_ENGINE: name, LABEL_COMPONENT: "engine"}
+
+
+
+def selector_string(name: str) -> str:
+    """``engine_selector`` as a label-selector string: the scale subresource's ``status.selector``."""
+    return ",".join(f"{k}={v}" for k, v in sorted(engine_selector(name).items()))
 
 
 def engine_args(spec: EngineSpec) -> list[str]:
     """Arguments after the image's ``autellix engine --host 0.0.0.0 --port 8000``."""
     args = ["--model", spec.model_arg, "--served-model-name", spec.served_name]
+    if spec.revision is not None:
+        args += ["--revision", spec.revision]
     if "--enable-prefix-caching" not in spec.vllm_args and "--no-enable-prefix-caching" not in spec.vllm_args:
         args.append("--enable-prefix-caching")
     return args + list(spec.vllm_args)
@@ -79,6 +91,12 @@ def engine_args(spec: EngineSpec) -> list[str]:
 
 def _engine_env(spec: EngineSpec) -> list[dict[str, Any]]:
     env = [{"name": k, "value": v} for k, v in sorted(spec.scheduler.to_env().items())]
+    env.append({"name": "HF_HOME", "value": HF_HOME})
+    if spec.cache.offline:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    if spec.hub_token is not None:
+        secret, key = spec.hub_token
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     user = {e["name"] for e in spec.env}
     return [e for e in env if e["name"] not in user] + [dict(e) for e in spec.env]
 
@@ -86,7 +104,7 @@ def _engine_env(spec: EngineSpec) -> list[dict[str, Any]]:
 def _engine_resources(spec: EngineSpec) -> dict[str, Any]:
     requests, limits = dict(spec.requests), dict(spec.limits)
     if spec.gpus:
-        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(spec.gpus)
+        requests[spec.gpu_resource] = limits[spec.gpu_resource] = str(spec.gpus)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -96,15 +114,49 @@ def _engine_resources(spec: EngineSpec) -> dict[str, Any]:
 
 
 def _engine_volumes(spec: EngineSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    # vLLM's workers share tensors through /dev/shm; the container default (64 MiB) is too small.
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                                     {"name": "hf-cache", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"},
-                                    {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}]
+    # vLLM's workers share tensors through /dev/shm; the container default (64 MiB) is too small,
+    # and an unbounded memory-backed emptyDir could take the node's memory.
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # The hub cache: shared (a PVC), per node (hostPath), or the pod's own (downloaded on every start).
+    if spec.cache.pvc is not None:
+        cache: dict[str, Any] = {"persistentVolumeClaim": {"claimName": spec.cache.pvc}}
+    elif spec.cache.host_path is not None:
+        cache = {"hostPath": {"path": spec.cache.host_path, "type": "DirectoryOrCreate"}}
+    else:
+        cache = {"emptyDir": {}}
+    volumes.append({"name": "hf-cache", **cache})
+    mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
     if spec.source.pvc is not None:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": spec.source.pvc, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": "/models", "readOnly": True})
+    elif spec.source.image is not None:
+        volumes.append({"name": "model", "image": {"reference": spec.source.image,
+                                                   "pullPolicy": spec.source.image_pull_policy}})
+        mounts.append({"name": "model", "mountPath": "/models", "readOnly": True})
     return volumes, mounts
+
+
+def default_topology_spread(name: str) -> list[dict[str, Any]]:
+    """Engines of one pool spread over nodes, then zones, as far as the scheduler can (ScheduleAnyway:
+    a pool larger than the GPU nodes still schedules); one node or zone going costs fewer engines."""
+    return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": engine_selector(name)}}
+            for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
+
+
+def _engine_pod_spec(name: str, spec: EngineSpec, container: dict[str, Any],
+                     volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": spec.termination_grace_seconds,
+        # An engine never calls the Kubernetes API: no token in the pod unless the spec asks.
+        "automountServiceAccountToken": spec.placement.automount_token,
+        "topologySpreadConstraints": default_topology_spread(name),
+        **spec.placement.pod,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    return pod
 
 
 def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec) -> dict[str, Any]:
@@ -128,6 +180,11 @@ def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec) -> 
     resources = _engine_resources(spec)
     if resources:
         container["resources"] = resources
+    if spec.placement.container_security_context:
+        container["securityContext"] = spec.placement.container_security_context
+    template_meta: dict[str, Any] = {"labels": {**spec.placement.labels, **labels}}
+    if spec.placement.annotations:
+        template_meta["annotations"] = dict(spec.placement.annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -135,17 +192,10 @@ def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec) -> 
                      "ownerReferences": [owner_reference(ENGINE_KIND, name, uid)]},
         "spec": {
             "replicas": spec.desired_replicas,
-            "selector": {"matchLabels": _selector(name)},
+            "selector": {"matchLabels": engine_selector(name)},
             # One engine at a time, no surge: a GPU cluster rarely has a spare GPU for an extra pod.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": spec.termination_grace_seconds,
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+            "template": {"metadata": template_meta, "spec": _engine_pod_spec(name, spec, container, volumes)},
         },
     }
 
@@ -158,8 +208,37 @@ def engine_service(name: str, namespace: str, uid: str) -> dict[str, Any]:
                      "ownerReferences": [owner_reference(ENGINE_KIND, name, uid)]},
         "spec": {
             "type": "ClusterIP",
-            "selector": _selector(name),
+            "selector": engine_selector(name),
             "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def engine_disruption_budget(name: str, namespace: str, uid: str, spec: EngineSpec) -> dict[str, Any]:
+    """Voluntary disruptions (a node drain, a cluster upgrade) evict at most ``maxUnavailable`` engines at
+    a time; each evicted pod still finishes its calls in its preStop before it goes."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "labels": engine_labels(name),
+                     "ownerReferences": [owner_reference(ENGINE_KIND, name, uid)]},
+        "spec": {"maxUnavailable": spec.max_unavailable, "selector": {"matchLabels": engine_selector(name)}},
+    }
+
+
+def engine_inference_pool(name: str, namespace: str, uid: str, endpoint_picker: str | None) -> dict[str, Any]:
+    """A Gateway API Inference Extension InferencePool of the engine's pods, for a Gateway API
+    implementation to route to by model; ``endpoint_picker`` is the Service of its endpoint picker
+    (``None``: the operator's default, ``<engine>-epp``)."""
+    return {
+        "apiVersion": INFERENCE_POOL_API,
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": namespace, "labels": engine_labels(name),
+                     "ownerReferences": [owner_reference(ENGINE_KIND, name, uid)]},
+        "spec": {
+            "selector": {"matchLabels": engine_selector(name)},
+            "targetPorts": [{"number": ENGINE_PORT}],
+            "endpointPickerRef": {"name": endpoint_picker or f"{name}-epp", "port": {"number": 9002}},
         },
     }
 
@@ -186,18 +265,23 @@ def program_job(name: str, namespace: str, uid: str, spec: ProgramSpec, *, gatew
     user = {e["name"] for e in spec.env}
     env = [e for e in env if e["name"] not in user] + [dict(e) for e in spec.env]
     container: dict[str, Any] = {"name": "program", "image": spec.image, "env": env}
+    if spec.resources:
+        container["resources"] = spec.resources
     if spec.command:
         container["command"] = list(spec.command)
     if spec.args:
         container["args"] = list(spec.args)
     labels = {LABEL_PROGRAM: name, LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: "program"}
+    pod: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": spec.automount_token,
+                           "containers": [container]}
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
     job_spec: dict[str, Any] = {
         "backoffLimit": spec.backoff_limit,
-        "template": {"metadata": {"labels": labels},
-                     "spec": {"restartPolicy": "Never", "containers": [container]}},
+        "activeDeadlineSeconds": spec.timeout_seconds,
+        "ttlSecondsAfterFinished": spec.ttl_seconds,
+        "template": {"metadata": {"labels": labels}, "spec": pod},
     }
-    if spec.timeout_seconds is not None:
-        job_spec["activeDeadlineSeconds"] = spec.timeout_seconds
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

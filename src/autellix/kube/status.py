@@ -19,12 +19,16 @@ def parse_iso(value: str) -> datetime.datetime:
 
 
 def engine_status(previous: dict[str, Any], *, desired: int, deployment: dict[str, Any] | None,
-                  reconciled: tuple[bool, str, str], now: str, generation: int | None = None) -> dict[str, Any]:
-    """replicas, readyReplicas and the Reconciled and Ready conditions of an AutellixEngine."""
+                  reconciled: tuple[bool, str, str], now: str, generation: int | None = None,
+                  selector: str | None = None) -> dict[str, Any]:
+    """replicas, readyReplicas, the pods' selector (for the scale subresource) and the Reconciled and
+    Ready conditions of an AutellixEngine."""
     dep_status = (deployment or {}).get("status", {})
     ready = int(dep_status.get("readyReplicas") or 0)
     conditions = set_condition(previous.get("conditions"), "Reconciled", *reconciled, now, generation)
-    if deployment is None:
+    if deployment is None and not reconciled[0]:  # the STATUS column shows why (e.g. InvalidSpec)
+        conditions = set_condition(conditions, "Ready", False, reconciled[1], reconciled[2], now, generation)
+    elif deployment is None:
         conditions = set_condition(conditions, "Ready", False, "NoDeployment", "The engine Deployment does not exist.",
                                    now, generation)
     elif ready >= desired:
@@ -33,7 +37,9 @@ def engine_status(previous: dict[str, Any], *, desired: int, deployment: dict[st
     else:
         conditions = set_condition(conditions, "Ready", False, "EnginesStarting", f"{ready}/{desired} engines ready.",
                                    now, generation)
-    out = {"replicas": desired, "readyReplicas": ready, "conditions": conditions}
+    out: dict[str, Any] = {"replicas": desired, "readyReplicas": ready, "conditions": conditions}
+    if selector is not None:
+        out["selector"] = selector
     if generation is not None:
         out["observedGeneration"] = generation
     return out

@@ -1,0 +1,65 @@
+"""What the operator may do in the Kubernetes API: every verb its code (and kopf for it) uses, and no other.
+
+The chart's operator roles (charts/autellix/templates/operator-rbac.yaml) grant
+exactly these rules; ``tests/chart`` compares the two, and ``tests/kube`` holds
+them to the requests the operators make in the emulated cluster (a request not
+granted here, or a rule here no request needed, fails).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: Where a rule is granted: ``served`` in the namespaces the operator serves (a ClusterRole when it serves
+#: all), ``cluster`` always cluster-wide, ``release`` in the release's namespace (its Lease).
+Scope = Literal["served", "cluster", "release"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    scope: Scope
+    why: str
+
+
+OPERATOR_RULES: tuple[Rule, ...] = (
+    Rule("autellix.ai", ("autellixengines",), ("get", "list", "watch", "patch"), "served",
+         "kopf watches engines and keeps its progress in annotations; a child's event reads its engine; "
+         "the autoscaler patches spec.replicas"),
+    Rule("autellix.ai", ("agentprograms",), ("list", "watch", "patch"), "served",
+         "kopf watches programs and sets its finalizer and progress annotations"),
+    Rule("autellix.ai", ("autellixengines/status", "agentprograms/status"), ("patch",), "served",
+         "status: replicas, selector, load, conditions; the session's numbers"),
+    Rule("autellix.ai", ("autellixengines/finalizers", "agentprograms/finalizers"), ("update",), "served",
+         "children carry blockOwnerDeletion owner references, which the API server allows only to those "
+         "who may update the owner's finalizers"),
+    Rule("apps", ("deployments",), ("get", "list", "watch", "create", "patch"), "served",
+         "an engine's Deployment: applied, watched for drift"),
+    Rule("", ("services",), ("get", "list", "watch", "create", "patch"), "served",
+         "an engine's Service (what the gateway discovers): applied, watched for drift"),
+    Rule("policy", ("poddisruptionbudgets",), ("get", "list", "watch", "create", "patch"), "served",
+         "an engine's PodDisruptionBudget: applied, watched for drift"),
+    Rule("inference.networking.k8s.io", ("inferencepools",), ("get", "create", "patch"), "served",
+         "an engine's InferencePool, with --inference-pool"),
+    Rule("batch", ("jobs",), ("get", "create"), "served",
+         "a program's Job: created once, read for its outcome (garbage collection deletes it)"),
+    Rule("", ("pods",), ("patch",), "served",
+         "the autoscaler's pod-deletion-cost annotation on the engine it drained"),
+    Rule("discovery.k8s.io", ("endpointslices",), ("list",), "served",
+         "which pod is behind which engine URL (the gateway's own view)"),
+    Rule("autoscaling", ("horizontalpodautoscalers",), ("list",), "served",
+         "an HPA (or KEDA's) targeting an engine: the built-in autoscaler stands down"),
+    Rule("", ("events",), ("create",), "served", "kopf reports handler outcomes as Events on the resources"),
+    Rule("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch"), "cluster",
+         "kopf notices its resources' CRDs appearing and going"),
+    Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "release",
+         "leader election between the operator's replicas"),
+)
+
+
+def granted(rules: tuple[Rule, ...] = OPERATOR_RULES) -> set[tuple[str, str, str]]:
+    """(verb, group, resource) of every rule."""
+    return {(verb, rule.group, resource) for rule in rules for resource in rule.resources for verb in rule.verbs}
