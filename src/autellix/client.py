@@ -20,8 +20,12 @@ from typing import Any
 
 import openai
 
-SESSION_HEADER = "X-Autellix-Session"
-THREAD_HEADER = "X-Autellix-Thread"
+from autellix.protocol import SESSION_HEADER, SESSIONS_PATH, THREAD_HEADER, session_path
+
+
+def _under_v1(path: str) -> str:
+    """A gateway route relative to the ``openai`` client's /v1 base URL."""
+    return path.removeprefix("/v1")
 
 
 def _v1(base_url: str) -> str:
@@ -44,19 +48,19 @@ class Session:
 def session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
             **openai_kwargs: Any) -> Iterator[Session]:
     with openai.OpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
-        sid = bare.post("/sessions", cast_to=object)["id"]
+        sid = bare.post(_under_v1(SESSIONS_PATH), cast_to=object)["id"]
         try:
             yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
         finally:
-            bare.delete(f"/sessions/{sid}", cast_to=object)
+            bare.delete(_under_v1(session_path(sid)), cast_to=object)
 
 
 @asynccontextmanager
 async def async_session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
                         **openai_kwargs: Any) -> AsyncIterator[Session]:
     async with openai.AsyncOpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
-        sid = (await bare.post("/sessions", cast_to=object))["id"]
+        sid = (await bare.post(_under_v1(SESSIONS_PATH), cast_to=object))["id"]
         try:
             yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
         finally:
-            await bare.delete(f"/sessions/{sid}", cast_to=object)
+            await bare.delete(_under_v1(session_path(sid)), cast_to=object)

@@ -73,3 +73,44 @@ def test_without_the_socket_the_endpoints_answer_404(monkeypatch: pytest.MonkeyP
     app = FeedbackMiddleware(None)
     assert asyncio.run(asgi_get(app, "/autellix/v1/info"))[0] == 404
     assert asyncio.run(asgi_get(app, "/autellix/v1/calls/x"))[0] == 404
+
+
+def test_with_a_token_only_the_gateway_gets_past_the_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autellix.protocol import ENGINE_TOKEN_ENV, ENGINE_TOKEN_HEADER
+
+    monkeypatch.delenv(ENV_ADDR, raising=False)
+    monkeypatch.setenv(ENGINE_TOKEN_ENV, "s3cret-engine-token")
+    reached: list[str] = []
+
+    async def vllm(scope, receive, send) -> None:
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    app = FeedbackMiddleware(vllm)
+
+    async def get(path: str, token: str | None, method: str = "GET") -> int:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        headers = [(ENGINE_TOKEN_HEADER.lower().encode(), token.encode())] if token is not None else []
+        await app({"type": "http", "path": path, "method": method, "query_string": b"", "headers": headers},
+                  None, send)
+        return sent[0]["status"]
+
+    async def scenario() -> None:
+        # a caller that skips the gateway: neither vLLM's routes nor the feedback records
+        for path, method in [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
+                             ("/autellix/v1/calls/c1", "GET"), ("/autellix/v1/info", "GET")]:
+            assert await get(path, None, method) == 401
+            assert await get(path, "wrong", method) == 401
+        assert reached == []
+        # the probes stay open; the gateway's token gets through
+        assert await get("/health", None) == 200 and await get("/metrics", None) == 200
+        assert await get("/v1/chat/completions", "s3cret-engine-token", "POST") == 200
+        assert await get("/autellix/v1/info", "s3cret-engine-token") == 404  # past the check: no scheduler
+        assert reached == ["/health", "/metrics", "/v1/chat/completions"]
+
+    asyncio.run(scenario())

@@ -11,12 +11,14 @@ from aiohttp.test_utils import TestServer
 
 from autellix.gateway import engines as engines_module
 from autellix.gateway.engines import (
+    MODELS_EVERY,
     POOL_METRICS,
     SLOW_PROBES_TO_UNHEALTHY,
     EnginePool,
     StaticDiscovery,
     parse_vllm_metrics,
 )
+from tests.gateway.standins import StandIn
 
 
 def stand_in(slow: asyncio.Event) -> web.Application:
@@ -123,3 +125,21 @@ def test_the_pool_parses_only_the_metrics_it_reads() -> None:
     assert read == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0,
                     "vllm:generation_tokens_total": 1284.0, "vllm:request_inference_time_seconds_sum": 2.84}
     assert everything["vllm:num_requests_waiting_by_reason"] == 5.0  # a longer name is a different metric
+
+
+@pytest.mark.asyncio
+async def test_served_models_are_learned_and_refreshed_with_the_health_checks() -> None:
+    engine = StandIn("ok", model="alpha")
+    await engine.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            pool = EnginePool(StaticDiscovery([engine.url]), http)
+            await pool.refresh()
+            assert pool.candidates("alpha") == {engine.url: 0.0} and pool.candidates("beta") == {}
+            engine.model = "beta"  # redeployed with another model behind the same address
+            for _ in range(MODELS_EVERY):
+                await pool.refresh()
+            assert pool.candidates("beta") == {engine.url: 0.0} and pool.candidates("alpha") == {}
+            assert [m["id"] for m in pool.models()] == ["beta"] and not pool.serves("alpha")
+    finally:
+        await engine.stop()

@@ -18,8 +18,8 @@ import aiohttp
 import openai
 import pytest
 
+from autellix.child_processes import free_port
 from autellix.gateway.engines import parse_vllm_metrics
-from autellix.gateway.process import free_port
 from autellix.sim.emulator import EmulatedEngine, emulator_process, serve
 from autellix.sim.engine_model import EngineProfile
 from tests.live import gateway, http

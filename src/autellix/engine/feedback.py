@@ -10,11 +10,22 @@ another, so the record crosses over a local ZeroMQ socket (vLLM's own IPC
 library) to a small ASGI middleware in the API server, which serves it on the
 engine's own port:
 
+Paths and the record are part of the wire contract (``autellix.protocol``):
+
 * ``GET /autellix/v1/calls/{call_id}?wait=S``: the record of a finished call
   (read once: it is removed), waiting up to ``S`` seconds for it to arrive; 404
   when there is none.
 * ``GET /autellix/v1/info``: the plugin's scheduler and parameters, 404 while
   no Autellix scheduler runs behind this server.
+
+Engines trust only the gateway: with ``AUTELLIX_ENGINE_TOKEN`` set (``autellix
+up`` generates one, the chart keeps one in a Secret), every route but the
+probes' (``OPEN_PATHS``: health, metrics, version) needs the header
+``X-Autellix-Engine-Token`` with that token, vLLM's OpenAI routes included:
+whoever reaches an engine without it can neither skip the gateway (and send
+``autellix_service`` under another program's id) nor read or consume feedback
+records. Without the variable the engine answers everyone, as stock vLLM does,
+and says so in its log.
 
 The engine is started with ``--middleware autellix.engine.feedback.FeedbackMiddleware``
 and both processes find the socket through ``AUTELLIX_FEEDBACK_ADDR``
@@ -25,6 +36,7 @@ and both processes find the socket through ``AUTELLIX_FEEDBACK_ADDR``
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import threading
@@ -34,12 +46,23 @@ from typing import Any
 
 import orjson
 
+from autellix.protocol import (
+    ENGINE_TOKEN_ENV,
+    ENGINE_TOKEN_HEADER,
+    FEEDBACK_CALLS_PATH,
+    FEEDBACK_INFO_PATH,
+    FEEDBACK_MAX_WAIT_S,
+    FEEDBACK_PREFIX,
+    FEEDBACK_WAIT_PARAM,
+)
+
 log = logging.getLogger("autellix.engine.feedback")
 
 ENV_ADDR = "AUTELLIX_FEEDBACK_ADDR"
-PREFIX = "/autellix/v1/"
-#: What the gateway asks an engine (``autellix.gateway.engines``).
-INFO_PATH, CALLS_PATH = PREFIX + "info", PREFIX + "calls/"
+#: Paths anyone may read: the kubelet's and the load balancers' probes, Prometheus,
+#: the preStop drain (``autellix engine drain-wait``). They reveal load, not calls.
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/load"})
+_TOKEN_HEADER = ENGINE_TOKEN_HEADER.lower().encode()
 #: Unread records kept; a gateway that never asks cannot make the server grow.
 MAX_RECORDS = 100_000
 
@@ -127,38 +150,64 @@ class FeedbackMiddleware:
         self.store = FeedbackStore(addr) if addr else None
         if self.store is None:
             log.warning("%s is not set: the Autellix feedback endpoints answer 404", ENV_ADDR)
+        token = os.environ.get(ENGINE_TOKEN_ENV, "")
+        self.token = token.encode() if token else None
+        if self.token is None:
+            log.warning("%s is not set: this engine answers anyone who reaches it", ENGINE_TOKEN_ENV)
+
+    def trusted(self, scope: dict[str, Any]) -> bool:
+        """The request carries the engine token (or none is configured)."""
+        if self.token is None:
+            return True
+        presented = next((value for name, value in scope.get("headers", ()) if name == _TOKEN_HEADER), b"")
+        return hmac.compare_digest(presented, self.token)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PREFIX):
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] not in OPEN_PATHS and not self.trusted(scope):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await _respond(send, 401, {"error": {
+                "message": f"This engine takes calls only from the Autellix gateway ({ENGINE_TOKEN_HEADER}).",
+                "type": "authentication_error", "code": "invalid_engine_token"}})
+            return
+        if scope["type"] != "http" or not scope["path"].startswith(FEEDBACK_PREFIX):
             await self.app(scope, receive, send)
             return
         status, body = await self._answer(scope)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": orjson.dumps(body)})
+        await _respond(send, status, body)
 
     async def _answer(self, scope: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if scope["method"] != "GET":
             return 405, _error(405, "Only GET is allowed here.", "method_not_allowed")
-        path = scope["path"][len(PREFIX):]
-        if path == "info":
+        path = scope["path"]
+        if path == FEEDBACK_INFO_PATH:
             if self.store is None or self.store.info is None:
                 return 404, _error(404, "No Autellix scheduler runs behind this server.", "not_found")
             return 200, self.store.info
-        if path.startswith("calls/") and self.store is not None:
-            record = await self.store.wait_for(path.removeprefix("calls/"), _wait(scope))
+        if path.startswith(FEEDBACK_CALLS_PATH) and self.store is not None:
+            record = await self.store.wait_for(path.removeprefix(FEEDBACK_CALLS_PATH), _wait(scope))
             if record is not None:
                 return 200, record
             return 404, _error(404, "No record for this call.", "not_found")
         return 404, _error(404, f"Unknown path {scope['path']}.", "not_found")
 
 
+async def _respond(send: Any, status: int, body: dict[str, Any]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": orjson.dumps(body)})
+
+
 def _wait(scope: dict[str, Any]) -> float:
     for part in scope.get("query_string", b"").decode().split("&"):
         name, _, value = part.partition("=")
-        if name == "wait":
+        if name == FEEDBACK_WAIT_PARAM:
             try:
-                return min(max(float(value), 0.0), 5.0)
+                return min(max(float(value), 0.0), FEEDBACK_MAX_WAIT_S)
             except ValueError:
                 return 0.0
     return 0.0

@@ -1,8 +1,11 @@
-"""The gateway's HTTP layer: routes, validation and the life of one call.
+"""The gateway's transport: aiohttp routes, validation, the upstream relay.
 
-Transport (aiohttp), request control (sessions, validation, retries) and policy
-(the core's priorities and Algorithm 2) stay separate: handlers translate HTTP
-to calls on ``Gateway`` and back, and ``Gateway`` asks the policy core.
+Layers, each replaceable: this module translates HTTP to calls on the request
+controller (``autellix.control``: sessions, routing, retries, settlement) and
+back; program state sits behind ``ProgramStore``; the engine pool
+(``engines.py``) knows which engines serve which model and how loaded they
+are; the engine backend (``autellix.backends``) knows what is engine-specific.
+``Gateway`` wires them together.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,18 +25,37 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from autellix.core import NoEngine, ProcessTable, SchedulerConfig, balancer_from_config, policy_by_name
+from autellix.backends import DEFAULT_BACKEND, EngineBackend, backend_by_name
+from autellix.control import Attempt, CallSpec, MemoryProgramStore, ProgramStore, RequestController, RetryPolicy
+from autellix.control.sessions import Sessions
+from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.mlq import QueueSpec
-from autellix.engine.planner import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_WAIT
 from autellix.gateway.engines import Discovery, EnginePool, StaticDiscovery
-from autellix.gateway.errors import APIError, bad_request, not_found, unavailable, upstream_failed
+from autellix.gateway.errors import APIError, bad_request, error_response, not_found, unavailable
 from autellix.gateway.metrics import GatewayMetrics
-from autellix.gateway.sessions import Authenticator, CallOwner, Sessions, load_api_keys
+from autellix.gateway.sessions import Authenticator, load_api_keys
 from autellix.gateway.tokens import Counter, estimate_tokens, prompt_text, tokenizer_counter
-from autellix.gateway.upstream import EngineHung, EngineUnreachable, Outcome, open_upstream, relay_stream, relay_whole
+from autellix.gateway.upstream import open_upstream, relay_stream, relay_whole
+from autellix.gateway.validation import check_body
+from autellix.protocol import (
+    ADMIN_CALLS_PATH,
+    ADMIN_DRAIN_PATH,
+    ADMIN_ENGINES_PATH,
+    ADMIN_UNDRAIN_PATH,
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    HEALTH_PATH,
+    METRICS_PATH,
+    MODELS_PATH,
+    READY_PATH,
+    SESSION_OBJECT,
+    SESSION_ROUTE,
+    SESSIONS_PATH,
+)
 
 log = logging.getLogger("autellix.gateway")
 
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass
@@ -43,29 +64,58 @@ class GatewayConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     #: Largest accepted request body.
     max_body_bytes: int = 4 * 1024 * 1024
-    #: Send the program's queue level as vLLM's ``priority`` (engines need
+    #: Send the program's queue level as the engine's priority (vLLM engines need
     #: ``--scheduling-policy priority`` or the Autellix scheduler).
     engine_priority: bool = True
     poll_interval: float = 1.0
     api_keys_file: Path | None = None
     tokenizer: Path | None = None
-    #: Attempts per call across engines when an engine cannot be reached.
+    #: Engines one call may try in all (its retry budget), when engines fail before answering.
     max_attempts: int = 3
+    #: Full-jitter backoff between attempts: up to this many seconds, doubling per failed attempt.
+    retry_backoff: float = 0.05
     #: Seconds an engine has to answer a streamed call's headers (vLLM does so
     #: once the call is queued); after that the call moves to another engine.
     stream_header_timeout: float | None = 30.0
     discovery: Discovery | None = None
+    #: The engines' kind (``autellix.backends.BACKENDS``).
+    backend: str = DEFAULT_BACKEND
+
+
+class _MetricsObserver:
+    """The request controller's events as Prometheus metrics."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.m = metrics
+        self._attempts: dict[str, Any] = {}  # labelled children, looked up once (the hot path)
+        self._sources: dict[str, Any] = {}
+
+    def routed(self, added_latency: float) -> None:
+        self.m.added_latency.observe(added_latency)
+
+    def attempt(self, reason: str, retried: bool) -> None:
+        child = self._attempts.get(reason) or self._attempts.setdefault(reason, self.m.attempts.labels(reason))
+        child.inc()
+        if retried:
+            self.m.retries.inc()
+
+    def settled(self, source: str, wait: float) -> None:
+        child = self._sources.get(source) or self._sources.setdefault(source, self.m.model_time_source.labels(source))
+        child.inc()
+        self.m.call_wait.observe(wait)
 
 
 class Gateway:
-    """Request control: the process table, the engine pool and the policy core."""
+    """One gateway: program store, engine pool, request controller, auth and metrics, wired together."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, *, store: ProgramStore | None = None,
+                 backend: EngineBackend | None = None) -> None:
         self.config = config
         sched = config.scheduler
         self.policy = policy_by_name(sched.policy)
-        self.table = ProcessTable(self.policy, idle_ttl=sched.program_idle_ttl)
-        self.sessions = Sessions(self.table)
+        self.store: ProgramStore = store or MemoryProgramStore(self.policy, idle_ttl=sched.program_idle_ttl)
+        self.sessions = Sessions(self.store)
+        self.backend: EngineBackend = backend or backend_by_name(config.backend)
         self.queues = QueueSpec.from_config(sched)
         self.balancer = balancer_from_config(sched)
         self.auth = Authenticator(load_api_keys(config.api_keys_file))
@@ -73,6 +123,7 @@ class Gateway:
         self.metrics = GatewayMetrics(self._program_ratios, self._inflight)
         self.http: aiohttp.ClientSession | None = None
         self.pool: EnginePool | None = None
+        self.controller: RequestController | None = None
         self._janitor: asyncio.Task | None = None
 
     # ---- life cycle ----------------------------------------------------------
@@ -82,7 +133,12 @@ class Gateway:
                                           sock_connect=5), auto_decompress=False)
         discovery = self.config.discovery or StaticDiscovery(self.config.engines)
         self.pool = EnginePool(discovery, self.http, poll_interval=self.config.poll_interval,
-                               on_removed=self.table.drop_engine)
+                               on_removed=self.store.drop_engine, backend=self.backend)
+        self.controller = RequestController(
+            store=self.store, engines=self.pool, backend=self.backend, balancer=self.balancer, queues=self.queues,
+            policy=self.policy, send_priority=self.config.engine_priority,
+            retry=RetryPolicy(max_attempts=self.config.max_attempts, backoff_base=self.config.retry_backoff),
+            observer=_MetricsObserver(self.metrics))
         await self.pool.start()
         self._janitor = asyncio.create_task(self._expire_loop(), name="session-expiry")
 
@@ -91,6 +147,7 @@ class Gateway:
             self._janitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._janitor
+        await self.store.flush()
         if self.pool:
             await self.pool.stop()
         if self.http:
@@ -99,179 +156,56 @@ class Gateway:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(min(30.0, self.config.scheduler.program_idle_ttl / 4))
-            for entry in self.sessions.expire(time.monotonic()):
-                log.info("program %s expired after %.0fs idle", entry.program_id, self.table.idle_ttl)
+            for entry in await self.store.expire(time.monotonic()):
+                log.info("program %s expired after %.0fs idle", entry.program_id, self.store.idle_ttl)
 
     def _program_ratios(self) -> list[tuple[float, float]]:
-        return [(e.waiting, e.service) for e in self.table]
+        return [(e.waiting, e.service) for e in self.store.programs()]
 
     def _inflight(self) -> dict[str, int]:
         return {u: e.inflight for u, e in self.pool.engines.items()} if self.pool else {}
 
-    # ---- one call ------------------------------------------------------------
-    def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str) -> dict[str, Any]:
-        """What the gateway adds to a request: vLLM priority and the plugin's xargs."""
-        entry = self.table[program_id]
-        priority = self.table.priority(program_id) if self.policy.places_by_priority else 0.0
-        added: dict[str, Any] = {"vllm_xargs": {
-            XARG_PROGRAM: program_id,
-            XARG_CALL: call_id,
-            XARG_SERVICE: round(entry.service, 6),
-            XARG_WAIT: round(entry.waiting, 6),
-        }}
-        if thread_id is not None:
-            added["vllm_xargs"][XARG_THREAD] = thread_id
-        if self.config.engine_priority:
-            # The queue level, not the raw service: discrete priorities (the paper's
-            # point) and FCFS inside a level, which vLLM's (priority, arrival) gives.
-            added["priority"] = self.queues.level_for(priority)
-        return added
+    # ---- one call: the controller runs it, this sends each attempt --------------
+    async def proxy(self, request: web.Request, path: str, body: dict[str, Any], received: float,
+                    identity: str | None) -> web.StreamResponse:
+        assert self.pool is not None and self.controller is not None
+        model = body["model"]
+        if not self.pool.loads():
+            raise unavailable("No healthy engine is available.")
+        if not self.pool.serves(model):
+            names = ", ".join(sorted(m["id"] for m in self.pool.models()))
+            raise not_found(f"The model {model!r} does not exist. Served models: {names}.", code="model_not_found")
+        owner = await self.sessions.resolve(request.headers, identity, received)  # last check, first state change
+        spec = CallSpec(path=path, body=body, model=model, owner=owner, stream=bool(body.get("stream")),
+                        prompt_tokens=self.count_tokens(prompt_text(body)), received=received)
+        wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await self.controller.call(spec, functools.partial(self._send, request, wants_usage))
 
-    async def call(self, request: web.Request, path: str, body: dict[str, Any], owner: CallOwner,
-                   received: float) -> web.StreamResponse:
-        assert self.pool is not None and self.http is not None
-        call_id = uuid.uuid4().hex
-        program_id = owner.program_id
-        start = time.monotonic()
-        self.table.call_arrived(program_id, call_id, start, thread_id=owner.thread_id)
-        outcome: Outcome | None = None
-        engine: str | None = None
-        try:
-            upstream_body = {**body, **self.scheduling_fields(program_id, owner.thread_id, call_id)}
-            xargs = body.get("vllm_xargs")
-            if isinstance(xargs, dict):  # the client's own xargs survive next to ours
-                upstream_body["vllm_xargs"] = {**xargs, **upstream_body["vllm_xargs"]}
-            stream = bool(body.get("stream"))
-            wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            if stream:
-                upstream_body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-            prompt_tokens = self.count_tokens(prompt_text(body))
-            headers = {"Content-Type": "application/json"}
-            tried: set[str] = set()
-            for _ in range(self.config.max_attempts):
-                engine, upstream = await self._dispatch(program_id, call_id, path, upstream_body, headers,
-                                                        prompt_tokens, received, tried)
-                try:
-                    if stream and upstream.status == 200:
-                        settle = functools.partial(self._settle, program_id, call_id, start, engine=engine)
-                        response, outcome = await relay_stream(request, upstream, client_wants_usage=wants_usage,
-                                                               on_done=settle)
-                    else:
-                        response, outcome = await relay_whole(upstream)
-                    return response
-                except EngineUnreachable as exc:
-                    # Nothing reached the client yet: the call moves to another engine.
-                    log.warning("call %s: engine %s failed before answering (%s); retrying", call_id, engine, exc)
-                    self.pool.mark_failed(engine)
-                    self.metrics.retries.inc()
-                    tried.add(engine)
-                finally:
-                    self.pool.end(engine)
-            raise upstream_failed("Every engine tried failed before answering the call.")
-        finally:
-            await self._settle(program_id, call_id, start, outcome, engine)
-            if owner.ephemeral:
-                self.table.end(program_id)
-
-    async def _dispatch(self, program_id: str, call_id: str, path: str, body: dict[str, Any],
-                        headers: dict[str, str], prompt_tokens: int, received: float,
-                        tried: set[str]) -> tuple[str, aiohttp.ClientResponse]:
-        """Algorithm 2 picks an engine; an unreachable one is skipped (and re-pinned)."""
-        assert self.pool is not None and self.http is not None
-        for attempt in range(self.config.max_attempts):
-            loads = self.pool.loads(exclude=tried)
-            try:
-                route = self.balancer.choose(loads, prompt_tokens=prompt_tokens,
-                                             pinned=self.table[program_id].pinned_engine)
-            except NoEngine:
-                break
-            self.table.pin(program_id, route.pin)
-            self.table.call_routed(program_id, call_id, route.engine)
-            if attempt == 0 and not tried:
-                self.metrics.added_latency.observe(time.monotonic() - received)
-            # Counted in flight from now, not from the engine's first byte: concurrent
-            # calls must see each other's load when they are routed.
-            self.pool.begin(route.engine)
-            try:
-                timeout = self.config.stream_header_timeout if body.get("stream") else None
-                upstream = await open_upstream(self.http, route.engine + path, body, headers, header_timeout=timeout)
-                self.pool.mark_answered(route.engine)
-                return route.engine, upstream
-            except EngineUnreachable as exc:
-                self.pool.end(route.engine)
-                log.warning("call %s: engine %s unreachable (%s); trying another", call_id, route.engine, exc)
-                if isinstance(exc, EngineHung):
-                    self.pool.mark_hung(route.engine)
-                else:
-                    self.pool.mark_failed(route.engine)
-                self.metrics.retries.inc()
-                tried.add(route.engine)
-        raise unavailable("No engine could take the call; try again shortly.")
-
-    async def _settle(self, program_id: str, call_id: str, start: float, outcome: Outcome | None,
-                      engine: str | None) -> None:
-        """Charge the call to its program, once: model time as service, the rest as
-        waiting. A stream settles before its closing event; the call's ``finally``
-        then finds it settled."""
-        if program_id not in self.table or call_id not in self.table[program_id].active:
-            return  # the session was ended while the call ran
-        wall = time.monotonic() - start
-        if outcome is None or outcome.status != 200 or outcome.broken:
-            self.table.call_aborted(program_id, call_id, time.monotonic(), wait=wall)
-            return
-        # Model time, never queueing (docs/gateway.md): the Autellix scheduler's
-        # own count (the steps the call ran in) when the engine runs it; else
-        # vLLM's per-request timing (first schedule to last token, preemptions
-        # included); else the generated tokens priced at the engine's seconds per token.
-        record = await self.pool.call_record(engine, call_id) if (self.pool and engine) else None
-        now = time.monotonic()
-        if program_id not in self.table or call_id not in self.table[program_id].active:
-            return
-        if record is not None and isinstance(record.get("service_s"), int | float):
-            model_time = min(wall, float(record["service_s"]))
-            self.metrics.model_time_source.labels("scheduler").inc()
-        elif outcome.engine_seconds is not None:
-            model_time = min(wall, outcome.engine_seconds)
-            self.metrics.model_time_source.labels("vllm_metrics").inc()
+    async def _send(self, request: web.Request, wants_usage: bool, attempt: Attempt) -> web.StreamResponse:
+        """One attempt at one engine: raises ``EngineFailure`` while the call may still move."""
+        assert self.http is not None
+        timeout = self.config.stream_header_timeout if attempt.stream else None
+        upstream = await open_upstream(self.http, attempt.engine + attempt.path, attempt.body, JSON_HEADERS,
+                                       header_timeout=timeout)
+        if attempt.stream and upstream.status == 200:
+            response, outcome = await relay_stream(request, upstream, self.backend, client_wants_usage=wants_usage,
+                                                   on_done=attempt.settle)
         else:
-            price = self.pool.seconds_per_token(engine) if (self.pool and engine) else 0.0
-            model_time = min(wall, outcome.completion_tokens * price)
-            self.metrics.model_time_source.labels("token_price").inc()
-        wait = wall - model_time
-        self.metrics.call_wait.observe(wait)
-        self.table.call_finished(program_id, call_id, now, model_time=model_time, wait=wait,
-                                 prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens)
+            response, outcome = await relay_whole(upstream, self.backend)
+        await attempt.settle(outcome)
+        return response
 
 
-# ---- validation -----------------------------------------------------------------
-def _check_body(body: Any, route: str) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a non-empty string.", param="model")
-    if route == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' is required and must be a non-empty array.", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise bad_request(f"messages[{i}] must be an object with a string 'role'.", param="messages")
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
-            raise bad_request("'prompt' is required: a string or an array.", param="prompt")
-    for name in ("stream",):
-        if name in body and not isinstance(body[name], bool):
-            raise bad_request(f"'{name}' must be a boolean.", param=name)
-    for name in ("max_tokens", "max_completion_tokens", "n"):
-        value = body.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise bad_request(f"'{name}' must be a positive integer.", param=name)
-    if "stream_options" in body and body["stream_options"] is not None and not isinstance(body["stream_options"],
-                                                                                            dict):
-        raise bad_request("'stream_options' must be an object.", param="stream_options")
-    return body
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError(413, f"Request body is larger than {request.app[CONFIG_KEY].max_body_bytes} bytes.",
+                       code="request_too_large") from None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"Invalid JSON body: {exc}.", code="invalid_json") from None
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -299,42 +233,29 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         response = await handler(request)
     except APIError as exc:
-        response = exc.response()
+        response = error_response(exc)
         gateway.metrics.errors.labels(route, exc.code or exc.type).inc()
     except web.HTTPException as exc:  # aiohttp's own 404/405/413: same error shape
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status, "http_error")
-        response = APIError(exc.status, exc.reason, code=code).response()
+        response = error_response(APIError(exc.status, exc.reason, code=code))
         gateway.metrics.errors.labels(route, code).inc()
     except Exception:
         log.exception("unhandled error on %s", request.path)
-        response = APIError(500, "Internal gateway error.", type="server_error", code="internal_error").response()
+        response = error_response(APIError(500, "Internal gateway error.", type="server_error",
+                                           code="internal_error"))
         gateway.metrics.errors.labels(route, "internal_error").inc()
     gateway.metrics.requests.labels(route, str(response.status)).inc()
     return response
 
 
-async def _proxy(request: web.Request, route: str, path: str) -> web.StreamResponse:
-    received = time.monotonic()
-    gateway = request.app[GATEWAY_KEY]
-    identity = gateway.auth.identify(request.headers.get("Authorization"))
-    body = _check_body(await _read_json(request), route)
-    assert gateway.pool is not None
-    if not gateway.pool.loads():
-        raise unavailable("No healthy engine is available.")
-    if not gateway.pool.serves(body["model"]):
-        names = ", ".join(sorted(m.get("id", "") for m in gateway.pool.models()))
-        raise not_found(f"The model {body['model']!r} does not exist. Served models: {names}.",
-                        code="model_not_found")
-    owner = gateway.sessions.resolve(request.headers, identity, received)  # last check, first state change
-    return await gateway.call(request, path, body, owner, received)
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _proxy(request, "chat", "/v1/chat/completions")
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _proxy(request, "completion", "/v1/completions")
+def _proxy_handler(route: str, path: str) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
+        gateway = request.app[GATEWAY_KEY]
+        identity = gateway.auth.identify(request.headers.get("Authorization"))
+        body = check_body(await _read_json(request), route)
+        return await gateway.proxy(request, path, body, received, identity)
+    return handler
 
 
 async def models(request: web.Request) -> web.Response:
@@ -344,28 +265,35 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": gateway.pool.models()}, dumps=_dumps)
 
 
+def _session_view(gateway: Gateway, entry: Any) -> dict[str, Any]:
+    return {**entry.to_dict(), "object": SESSION_OBJECT, "pins": gateway.store.pins(entry.program_id)}
+
+
 async def open_session(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     identity = gateway.auth.identify(request.headers.get("Authorization"))
-    entry = gateway.sessions.open(time.monotonic(), identity)
-    return web.json_response({"id": entry.program_id, "object": "autellix.session"}, status=201, dumps=_dumps)
+    entry = await gateway.sessions.open(time.monotonic(), identity)
+    return web.json_response({"id": entry.program_id, "object": SESSION_OBJECT}, status=201, dumps=_dumps)
 
 
 async def get_session(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     identity = gateway.auth.identify(request.headers.get("Authorization"))
-    entry = gateway.sessions.get(request.match_info["session_id"], identity)
-    return web.json_response(entry.to_dict(), dumps=_dumps)
+    entry = await gateway.sessions.get(request.match_info["session_id"], identity)
+    return web.json_response(_session_view(gateway, entry), dumps=_dumps)
 
 
 async def end_session(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     identity = gateway.auth.identify(request.headers.get("Authorization"))
-    entry = gateway.sessions.end(request.match_info["session_id"], identity)
+    session_id = request.match_info["session_id"]
+    entry = await gateway.sessions.get(session_id, identity)
+    view = _session_view(gateway, entry)
+    await gateway.sessions.end(session_id, identity)
     if entry.completion_tokens:
         elapsed = time.monotonic() - entry.created_at
         gateway.metrics.token_latency.observe(elapsed / entry.completion_tokens)
-    return web.json_response({**entry.to_dict(), "deleted": True}, dumps=_dumps)
+    return web.json_response({**view, "deleted": True}, dumps=_dumps)
 
 
 # ---- admin: the engine pool (the operator's autoscaler drains before it removes) --
@@ -374,6 +302,18 @@ async def list_engines(request: web.Request) -> web.Response:
     gateway.auth.identify(request.headers.get("Authorization"))
     assert gateway.pool is not None
     return web.json_response({"object": "list", "data": gateway.pool.describe()}, dumps=_dumps)
+
+
+async def list_calls(request: web.Request) -> web.Response:
+    """Recent calls, newest first, each with its attempts (engine, reason, seconds)."""
+    gateway = request.app[GATEWAY_KEY]
+    gateway.auth.identify(request.headers.get("Authorization"))
+    assert gateway.controller is not None
+    raw = request.query.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise bad_request("'limit' must be an integer from 1 to 1000.", param="limit")
+    calls = list(gateway.controller.recent)[::-1][:int(raw)]
+    return web.json_response({"object": "list", "data": [c.to_dict() for c in calls]}, dumps=_dumps)
 
 
 def _engine_url(body: Any, known: set[str]) -> str:
@@ -417,23 +357,24 @@ def _dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
 
-def create_app(config: GatewayConfig) -> web.Application:
+def create_app(config: GatewayConfig, *, store: ProgramStore | None = None) -> web.Application:
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
-    gateway = Gateway(config)
+    gateway = Gateway(config, store=store)
     app[GATEWAY_KEY] = gateway
     app[CONFIG_KEY] = config
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/sessions", open_session)
-    app.router.add_get("/v1/sessions/{session_id}", get_session)
-    app.router.add_delete("/v1/sessions/{session_id}", end_session)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/engines", list_engines)
-    app.router.add_post("/admin/engines/drain", _drain_handler(True))
-    app.router.add_post("/admin/engines/undrain", _drain_handler(False))
+    app.router.add_post(CHAT_COMPLETIONS_PATH, _proxy_handler("chat", CHAT_COMPLETIONS_PATH))
+    app.router.add_post(COMPLETIONS_PATH, _proxy_handler("completion", COMPLETIONS_PATH))
+    app.router.add_get(MODELS_PATH, models)
+    app.router.add_post(SESSIONS_PATH, open_session)
+    app.router.add_get(SESSION_ROUTE, get_session)
+    app.router.add_delete(SESSION_ROUTE, end_session)
+    app.router.add_get(HEALTH_PATH, health)
+    app.router.add_get(READY_PATH, ready)
+    app.router.add_get(METRICS_PATH, metrics)
+    app.router.add_get(ADMIN_ENGINES_PATH, list_engines)
+    app.router.add_post(ADMIN_DRAIN_PATH, _drain_handler(True))
+    app.router.add_post(ADMIN_UNDRAIN_PATH, _drain_handler(False))
+    app.router.add_get(ADMIN_CALLS_PATH, list_calls)
     return app

@@ -1,10 +1,12 @@
-"""The engine pool: discovery, health, load and pricing of model time.
+"""The engine pool: discovery, health, served models, load and pricing of model time.
 
 Discovery says which engines exist (a static list now, Kubernetes EndpointSlices
 with the operator); the pool polls each one's ``/health`` and ``/metrics`` in the
-background and answers, without I/O, which engines are usable and how loaded
-they are. Load = running + waiting requests from the engine's last scrape,
-corrected by the calls this gateway has sent or finished since that scrape.
+background, and its ``/v1/models`` on join, on recovery and every
+``MODELS_EVERY`` polls, and answers, without I/O, which engines are usable for a
+model and how loaded they are. Load = running + waiting requests from the
+engine's last scrape (the engine backend names the metrics), corrected by the
+calls this gateway has sent or finished since that scrape.
 
 A draining engine (``set_draining``) stays in the pool, probed and finishing its calls
 in flight, but is no candidate for new calls: ``loads`` leaves it out, so the
@@ -22,12 +24,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from autellix.engine.feedback import CALLS_PATH as FEEDBACK_CALLS
-from autellix.engine.feedback import INFO_PATH as FEEDBACK_INFO
+from autellix.backends import EngineBackend, VllmBackend, parse_metrics
+from autellix.protocol import FEEDBACK_WAIT_PARAM, MODELS_PATH, CallRecord
 
 log = logging.getLogger("autellix.gateway.engines")
+
+#: Polls between two reads of an engine's served models (also read on join and recovery).
+MODELS_EVERY = 5
 
 #: Consecutive timed-out health probes that take a healthy engine out of the pool.
 SLOW_PROBES_TO_UNHEALTHY = 3
@@ -66,6 +70,8 @@ class EngineState:
     inflight: int = 0
     inflight_at_scrape: int = 0
     models: list[dict] = field(default_factory=list)
+    #: The ids of ``models``: what the engine serves (a call goes only to an engine serving its model).
+    model_ids: frozenset[str] = frozenset()
     failures: int = 0
     #: Health probes in a row that timed out (``SLOW_PROBES_TO_UNHEALTHY`` of them drop the engine).
     slow_probes: int = 0
@@ -88,38 +94,27 @@ class EngineState:
     def load(self) -> float:
         return max(0.0, self.running + self.waiting + self.inflight - self.inflight_at_scrape, float(self.inflight))
 
-
-#: The engine metrics the pool reads. vLLM's ``/metrics`` runs to hundreds of
-#: lines (histogram buckets); parsing only these keeps the scrape that every
-#: gateway makes of every engine each second off the machine's CPU.
-POOL_METRICS = frozenset({
-    "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "vllm:request_inference_time_seconds_sum", "vllm:generation_tokens_total",
-})
+    def set_models(self, data: object) -> None:
+        """The engine's ``/v1/models`` list (malformed entries dropped)."""
+        self.models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        self.model_ids = frozenset(m["id"] for m in self.models if isinstance(m.get("id"), str))
 
 
-def parse_vllm_metrics(text: str, names: Collection[str] | None = None) -> dict[str, float]:
-    """Sum every sample by name over its labels (one model per engine); with
-    ``names``, only the samples of those names (the other lines are never parsed)."""
-    if names is not None:
-        text = "\n".join(line for line in text.splitlines() if _sample_name(line) in names)
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
-
-
-def _sample_name(line: str) -> str:
-    """The metric name a text-format line samples ('' for comments)."""
-    return "" if line.startswith("#") else line.split("{", 1)[0].split(" ", 1)[0]
+#: The engine metrics the pool reads (vLLM's: the backend names them). vLLM's
+#: ``/metrics`` runs to hundreds of lines (histogram buckets); parsing only these
+#: keeps the scrape that every gateway makes of every engine each second off the CPU.
+POOL_METRICS = VllmBackend.pool_metrics
+#: The one parser of engine metrics (``autellix.backends.metrics``), under its old name.
+parse_vllm_metrics = parse_metrics
 
 
 class EnginePool:
     def __init__(self, discovery: Discovery, http: aiohttp.ClientSession, *, poll_interval: float = 1.0,
-                 on_removed: Callable[[str], None] | None = None) -> None:
+                 on_removed: Callable[[str], None] | None = None, backend: EngineBackend | None = None) -> None:
         self.discovery = discovery
         self.http = http
+        self.backend: EngineBackend = backend or VllmBackend()
+        self._polls = 0
         self.poll_interval = poll_interval
         self.probe_timeout = max(2.0, poll_interval * 2)
         self.on_removed = on_removed
@@ -128,22 +123,28 @@ class EnginePool:
         self.ready = asyncio.Event()
 
     # ---- what the request path reads (no I/O) --------------------------------
-    def loads(self, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, float]:
+    def loads(self, exclude: Collection[str] = frozenset()) -> dict[str, float]:
         """Load of every engine that may take a new call: healthy, not draining, not backing off a hang."""
         now = time.monotonic()
         return {u: e.load for u, e in self.engines.items()
                 if e.healthy and not e.draining and e.hung_until <= now and u not in exclude}
 
+    def candidates(self, model: str, exclude: Collection[str] = frozenset()) -> dict[str, float]:
+        """``loads`` of the engines that serve ``model``: a call never goes to one that does not."""
+        return {u: load for u, load in self.loads(exclude).items() if model in self.engines[u].model_ids}
+
     def models(self) -> list[dict]:
+        """Every model a healthy engine serves, each once (the first engine's description)."""
         merged: dict[str, dict] = {}
-        for engine in self.engines.values():
+        for engine in sorted(self.engines.values(), key=lambda e: e.url):
             if engine.healthy:
                 for model in engine.models:
-                    merged.setdefault(model.get("id", ""), model)
+                    if isinstance(model.get("id"), str):
+                        merged.setdefault(model["id"], model)
         return list(merged.values())
 
     def serves(self, model: str) -> bool:
-        return any(m.get("id") == model for m in self.models())
+        return any(model in e.model_ids for e in self.engines.values() if e.healthy)
 
     def set_draining(self, url: str, draining: bool) -> EngineState:
         """Drain or undrain an engine of the pool; KeyError if it is not in the pool."""
@@ -158,6 +159,7 @@ class EnginePool:
         now = time.monotonic()
         return [{"url": e.url, "healthy": e.healthy, "draining": e.draining, "load": e.load,
                  "inflight": e.inflight, "running": e.running, "waiting": e.waiting,
+                 "models": sorted(e.model_ids), "failures": e.failures,
                  "hung_backoff_s": round(max(0.0, e.hung_until - now), 3)}
                 for e in sorted(self.engines.values(), key=lambda e: e.url)]
 
@@ -179,6 +181,16 @@ class EnginePool:
             log.warning("engine %s took a call and sent nothing (%d in a row); no new calls for %.0f s",
                         url, engine.hangs, backoff)
 
+    def failed(self, url: str, *, hung: bool) -> None:
+        """An attempt failed there (the request controller's ``EngineDirectory``)."""
+        if hung:
+            self.mark_hung(url)
+        else:
+            self.mark_failed(url)
+
+    def answered(self, url: str) -> None:
+        self.mark_answered(url)
+
     def mark_answered(self, url: str) -> None:
         """The engine answered a call: a run of hangs is over."""
         engine = self.engines.get(url)
@@ -193,18 +205,20 @@ class EnginePool:
             engine.failures += 1
             log.warning("engine %s failed; out of the pool until healthy", url)
 
-    async def call_record(self, url: str, call_id: str) -> dict | None:
+    async def call_record(self, url: str, call_id: str) -> CallRecord | None:
         """The plugin's record of a finished call (its model time), if the engine
         runs Autellix's scheduler; None otherwise or if it does not come in time."""
         engine = self.engines.get(url)
-        if engine is None or not engine.feedback:
+        path = self.backend.record_path(call_id)
+        if engine is None or not engine.feedback or path is None:
             return None
         try:
-            async with self.http.get(f"{url}{FEEDBACK_CALLS}{call_id}", params={"wait": "1"},
+            async with self.http.get(url + path, params={FEEDBACK_WAIT_PARAM: "1"},
                                      timeout=aiohttp.ClientTimeout(total=3)) as r:
-                return await r.json() if r.status == 200 else None
+                data = await r.json() if r.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
+        return CallRecord.from_dict(data) if isinstance(data, dict) else None
 
     def seconds_per_token(self, url: str) -> float:
         engine = self.engines.get(url)
@@ -242,6 +256,7 @@ class EnginePool:
             log.info("engine %s left", url)
             if self.on_removed:
                 self.on_removed(url)
+        self._polls += 1
         await asyncio.gather(*(self._probe(e) for e in list(self.engines.values())))
         if any(e.healthy for e in self.engines.values()):
             self.ready.set()
@@ -256,12 +271,14 @@ class EnginePool:
             if healthy:
                 inflight = engine.inflight
                 async with self.http.get(engine.url + "/metrics", timeout=timeout) as r:
-                    self._read_metrics(engine, parse_vllm_metrics(await r.text(), POOL_METRICS),
-                                       inflight)
-                if not engine.models or not engine.healthy:
-                    async with self.http.get(engine.url + "/v1/models", timeout=timeout) as r:
-                        engine.models = (await r.json()).get("data", [])
-                    async with self.http.get(engine.url + FEEDBACK_INFO, timeout=timeout) as r:
+                    self._read_metrics(engine, parse_metrics(await r.text(), self.backend.pool_metrics), inflight)
+                if not engine.models or not engine.healthy or self._polls % MODELS_EVERY == 0:
+                    # served models change with a redeploy behind the same address
+                    async with self.http.get(engine.url + MODELS_PATH, timeout=timeout) as r:
+                        payload = await r.json()
+                        engine.set_models(payload.get("data") if isinstance(payload, dict) else None)
+                if not engine.healthy and (info := self.backend.info_path()) is not None:
+                    async with self.http.get(engine.url + info, timeout=timeout) as r:
                         engine.feedback = r.status == 200
         except TimeoutError as exc:
             # A slow answer is not a dead engine: under a burst the engine (or
@@ -281,15 +298,14 @@ class EnginePool:
         engine.slow_probes = 0
         engine.healthy = healthy
 
-    @staticmethod
-    def _read_metrics(engine: EngineState, m: dict[str, float], inflight: int) -> None:
-        engine.running = m.get("vllm:num_requests_running", 0.0)
-        engine.waiting = m.get("vllm:num_requests_waiting", 0.0)
+    def _read_metrics(self, engine: EngineState, m: dict[str, float], inflight: int) -> None:
+        load = self.backend.load(m)
+        engine.running, engine.waiting = load.running, load.waiting
         engine.inflight_at_scrape = inflight
-        seconds = m.get("vllm:request_inference_time_seconds_sum")
-        tokens = m.get("vllm:generation_tokens_total")
-        if seconds is None or tokens is None:
+        counters = self.backend.price_counters(m)
+        if counters is None:
             return
+        seconds, tokens = counters
         if engine.inference_seconds is not None and engine.generation_tokens is not None:
             d_seconds, d_tokens = seconds - engine.inference_seconds, tokens - engine.generation_tokens
             if d_tokens > 0 and d_seconds > 0:  # smooth over scrapes; a restart resets the counters

@@ -1,28 +1,15 @@
-"""OpenAI-style errors: ``{"error": {"message", "type", "code"}}`` with a 4xx/5xx status."""
+"""OpenAI-style errors (``autellix.protocol.APIError``) as aiohttp responses."""
 
 from __future__ import annotations
 
 import orjson
 from aiohttp import web
 
+from autellix.protocol import APIError
 
-class APIError(Exception):
-    """Raised anywhere in a request; the middleware turns it into a response.
 
-    Raised before any state changes, so a rejected request leaves the process
-    table as it found it.
-    """
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
-
-    def body(self) -> dict[str, object]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
-
-    def response(self) -> web.Response:
-        return web.Response(status=self.status, body=orjson.dumps(self.body()), content_type="application/json")
+def error_response(exc: APIError) -> web.Response:
+    return web.Response(status=exc.status, body=orjson.dumps(exc.body()), content_type="application/json")
 
 
 def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> APIError:
@@ -39,3 +26,6 @@ def unavailable(message: str) -> APIError:
 
 def upstream_failed(message: str) -> APIError:
     return APIError(502, message, type="upstream_error", code="engine_failed")
+
+
+__all__ = ["APIError", "bad_request", "error_response", "not_found", "unavailable", "upstream_failed"]

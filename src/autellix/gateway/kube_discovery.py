@@ -6,8 +6,8 @@ selector finds every engine pod's address. Each ready endpoint is one engine,
 ``http://<pod IP>:<port named "http">``: the gateway balances over pods, not
 over Services (Algorithm 2 needs to know which pod holds a program's KV cache).
 
-``slice_urls`` is the pure part (slices in, URLs out). ``KubeDiscovery`` keeps
-the slices current with a list-then-watch loop (kubernetes_asyncio) in the
+``slice_urls`` is the pure part (slices in, URLs out), in ``autellix.endpointslices``
+for the operator too. ``KubeDiscovery`` keeps the slices current with a list-then-watch loop (kubernetes_asyncio) in the
 background and answers ``urls()`` from memory, so the pool's polling never
 waits on the API server; a watch that breaks or expires re-lists.
 """
@@ -18,61 +18,28 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
+
+from autellix.endpointslices import (
+    DEFAULT_ENGINE_SELECTOR,
+    DEFAULT_PORT,
+    DEFAULT_PORT_NAME,
+    SliceKey,
+    endpoint_ready,
+    slice_key,
+    slice_port,
+    slice_urls,
+)
 
 log = logging.getLogger("autellix.gateway.kube_discovery")
 
-DEFAULT_ENGINE_SELECTOR = "app.kubernetes.io/component=engine"
-DEFAULT_PORT_NAME = "http"
-DEFAULT_PORT = 8000
-
-SliceKey = tuple[str, str]  # (namespace, name)
+__all__ = ["DEFAULT_ENGINE_SELECTOR", "DEFAULT_PORT", "DEFAULT_PORT_NAME", "KubeDiscovery", "SliceKey",
+           "WatchExpired", "endpoint_ready", "slice_key", "slice_port", "slice_urls"]
 
 
 class WatchExpired(Exception):
     """The API server no longer has the resourceVersion we watch from (410 Gone)."""
-
-
-def _host(address: str, address_type: str) -> str:
-    """An IPv6 address goes in brackets in a URL."""
-    return f"[{address}]" if address_type == "IPv6" or ":" in address else address
-
-
-def slice_port(ports: Iterable[Mapping[str, Any]] | None, port_name: str, default_port: int) -> int:
-    """The slice's port named ``port_name``; ``default_port`` when it has none of that name."""
-    for port in ports or ():
-        if port.get("name") == port_name and isinstance(port.get("port"), int):
-            return port["port"]
-    return default_port
-
-
-def endpoint_ready(endpoint: Mapping[str, Any]) -> bool:
-    """Kubernetes: a missing ``ready`` is unknown and to be read as ready;
-    a terminating pod's endpoint is not ready."""
-    conditions = endpoint.get("conditions") or {}
-    return conditions.get("ready") is not False
-
-
-def slice_urls(slices: Iterable[Mapping[str, Any]], *, port_name: str = DEFAULT_PORT_NAME,
-               default_port: int = DEFAULT_PORT) -> set[str]:
-    """Engine base URLs of every ready endpoint of the given EndpointSlices (JSON form)."""
-    urls: set[str] = set()
-    for eps in slices:
-        address_type = eps.get("addressType", "IPv4")
-        port = slice_port(eps.get("ports"), port_name, default_port)
-        for endpoint in eps.get("endpoints") or ():
-            if not endpoint_ready(endpoint):
-                continue
-            addresses = endpoint.get("addresses") or []
-            if addresses:  # every address of one endpoint is the same pod: Kubernetes says use the first
-                urls.add(f"http://{_host(addresses[0], address_type)}:{port}")
-    return urls
-
-
-def slice_key(eps: Mapping[str, Any]) -> SliceKey:
-    meta = eps.get("metadata") or {}
-    return meta.get("namespace") or "", meta.get("name") or ""
 
 
 class KubeDiscovery:

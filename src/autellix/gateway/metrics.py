@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from autellix.sim.metrics import jain_index
+from autellix.stats import jain_index
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -46,6 +46,9 @@ class GatewayMetrics:
                                        "Gateway time before a call is sent upstream", buckets=LATENCY_BUCKETS,
                                        registry=r)
         self.retries = Counter("autellix_upstream_retries", "Calls moved to another engine", registry=r)
+        self.attempts = Counter("autellix_upstream_attempts", "Attempts of calls at engines, by outcome "
+                                "(ok, http_<status>, connect, disconnected, hung, stream_closed, body_cut, ...)",
+                                ["reason"], registry=r)
         self.model_time_source = Counter("autellix_model_time_source",
                                          "Finished calls by where their model time came from", ["source"], registry=r)
         self.call_wait = Histogram("autellix_call_waiting_seconds", "Per-call time not executing (queued)",

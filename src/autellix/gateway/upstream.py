@@ -1,9 +1,12 @@
-"""The upstream leg: one call to one engine, streamed through or whole.
+"""The upstream leg (transport): one attempt of a call at one engine, streamed through or whole.
 
 A failure before any response byte (refused, reset, dropped) raises
-``EngineUnreachable`` so the caller can move the call to another engine; once
-bytes have reached the client nothing is retried, and a stream cut midway ends
-with an explicit SSE error event instead of a silent truncation.
+``EngineUnreachable`` (retryable) so the request controller can move the call
+to another engine. A whole answer whose body was being read when the engine
+failed raises ``ResponseCut``: the call may have run, so it is not retried.
+Once bytes have reached the client nothing is retried, and a stream cut midway
+ends with an explicit SSE error event instead of a silent truncation. What an
+answer says (usage, timing) is read by the engine backend.
 """
 
 from __future__ import annotations
@@ -11,46 +14,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from autellix.backends import CallOutcome, EngineBackend
+from autellix.control.controller import EngineFailure
+
 #: Response headers that describe the upstream connection, not the content.
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date", "server"}
 
 
-class EngineUnreachable(Exception):
+class EngineUnreachable(EngineFailure):
     """Nothing came back: the call did not start and may go elsewhere."""
+
+    def __init__(self, detail: str, reason: str = "connect") -> None:
+        super().__init__(reason, detail, retryable=True)
 
 
 class EngineHung(EngineUnreachable):
     """The engine took the call and sent no headers in time: it may still answer
     its health checks, so the pool keeps it out for a while (``mark_hung``)."""
 
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, "hung")
+        self.hung = True
 
-@dataclass
-class Outcome:
-    status: int
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    #: The stream was cut after bytes reached the client (an error event was sent).
-    broken: bool = False
-    #: vLLM's per-request timing (``--enable-per-request-metrics``): time from the
-    #: call's first schedule to its last token, in seconds; None when absent.
-    engine_seconds: float | None = None
 
-    def read_usage(self, body: dict[str, Any]) -> None:
-        usage = body.get("usage") or {}
-        self.completion_tokens = int(usage.get("completion_tokens") or 0)
-        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        metrics = body.get("metrics")
-        if isinstance(metrics, dict):
-            ttft, generation = metrics.get("time_to_first_token_ms"), metrics.get("generation_time_ms")
-            if isinstance(ttft, int | float) and isinstance(generation, int | float):
-                self.engine_seconds = max(0.0, (ttft + generation) / 1000.0)
+class ResponseCut(EngineFailure):
+    """A whole answer broke while its body was read: the call may have run, so
+    it is not retried (the client gets a 502)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("body_cut", detail, retryable=False)
+
+
+#: The outcome of one call, under its old name.
+Outcome = CallOutcome
 
 
 async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
@@ -67,26 +69,30 @@ async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, A
     except TimeoutError as exc:
         if header_timeout is not None:
             raise EngineHung(f"no response headers within {header_timeout:g} s") from exc
-        raise EngineUnreachable(repr(exc)) from exc
+        raise EngineUnreachable(repr(exc), "timeout") from exc
+    except aiohttp.ServerDisconnectedError as exc:
+        raise EngineUnreachable(repr(exc), "disconnected") from exc
     except aiohttp.ClientConnectionError as exc:
-        raise EngineUnreachable(repr(exc)) from exc
+        raise EngineUnreachable(repr(exc), "connect") from exc
 
 
 def _copy_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
 
 
-async def relay_whole(upstream: aiohttp.ClientResponse) -> tuple[web.Response, Outcome]:
+async def relay_whole(upstream: aiohttp.ClientResponse, backend: EngineBackend) -> tuple[web.Response, CallOutcome]:
     try:
         raw = await upstream.read()
-    except aiohttp.ClientError as exc:
-        raise EngineUnreachable(repr(exc)) from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ResponseCut(repr(exc)) from exc
     finally:
         upstream.release()
-    outcome = Outcome(upstream.status)
+    outcome = CallOutcome(upstream.status)
     if upstream.status == 200:
         with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-            outcome.read_usage(orjson.loads(raw))
+            answer = orjson.loads(raw)
+            if isinstance(answer, dict):
+                backend.read_usage(answer, outcome)
     return web.Response(status=upstream.status, body=raw, headers=_copy_headers(upstream)), outcome
 
 
@@ -95,10 +101,31 @@ STREAM_CUT = orjson.dumps({"error": {
     "type": "upstream_error", "code": "stream_interrupted", "param": None}})
 
 
-async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
+class _UsageChunk:
+    """Reads the usage chunk of a stream; drops it (and the blank line after it)
+    when the client did not ask for usage."""
+
+    def __init__(self, backend: EngineBackend, outcome: CallOutcome, client_wants_usage: bool) -> None:
+        self.backend, self.outcome, self.client_wants_usage = backend, outcome, client_wants_usage
+        self.skip_blank = False
+
+    def passes(self, line: bytes) -> bool:
+        if line.startswith(b"data: {") and b'"usage":{' in line:
+            chunk = orjson.loads(line[6:])
+            self.backend.read_usage(chunk, self.outcome)
+            if not self.client_wants_usage and not chunk.get("choices"):
+                self.skip_blank = True
+                return False
+        if self.skip_blank and line.strip() == b"":
+            self.skip_blank = False
+            return False
+        return True
+
+
+async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, backend: EngineBackend,
                        *, client_wants_usage: bool,
-                       on_done: Callable[[Outcome], Awaitable[None]] | None = None,
-                       ) -> tuple[web.StreamResponse, Outcome]:
+                       on_done: Callable[[CallOutcome], Awaitable[None]] | None = None,
+                       ) -> tuple[web.StreamResponse, CallOutcome]:
     """Pass SSE events through as they come; read usage from the final chunk.
 
     The gateway asks the engine for a usage chunk; if the client did not, that
@@ -107,8 +134,9 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
     reads its session right after a stream sees the call already settled.
     """
     response = web.StreamResponse(status=upstream.status, headers=_copy_headers(upstream))
-    outcome = Outcome(upstream.status)
-    skip_blank = done = False
+    outcome = CallOutcome(upstream.status)
+    usage = _UsageChunk(backend, outcome, client_wants_usage)
+    done = False
     try:
         async for line in upstream.content:
             if not response.prepared:  # headers go out with the first event, so an
@@ -117,24 +145,16 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
                 done = True
                 if on_done is not None:
                     await on_done(outcome)
-            if line.startswith(b"data: {") and b'"usage":{' in line:
-                chunk = orjson.loads(line[6:])
-                outcome.read_usage(chunk)
-                if not client_wants_usage and not chunk.get("choices"):
-                    skip_blank = True
-                    continue
-            if skip_blank and line.strip() == b"":
-                skip_blank = False
-                continue
-            await response.write(line)
+            if usage.passes(line):
+                await response.write(line)
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
         if not response.prepared:
-            raise EngineUnreachable(repr(exc)) from exc
+            raise EngineUnreachable(repr(exc), "stream_closed") from exc
         done = False
     finally:
         upstream.release()
     if not response.prepared:
-        raise EngineUnreachable("the engine closed the stream before its first event")
+        raise EngineUnreachable("the engine closed the stream before its first event", "stream_closed")
     if not done:  # cut, or closed without the closing event
         outcome.broken = True
         await response.write(b"data: " + STREAM_CUT + b"\n\n")

@@ -46,10 +46,17 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from autellix.child_processes import autellix_process, free_ports
 from autellix.core import SchedulerConfig
-from autellix.engine.feedback import INFO_PATH
-from autellix.engine.planner import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_WAIT
-from autellix.gateway.process import autellix_process, free_ports
+from autellix.protocol import (
+    FEEDBACK_CALL_ROUTE,
+    FEEDBACK_INFO_PATH,
+    XARG_CALL,
+    XARG_PROGRAM,
+    XARG_SERVICE,
+    XARG_THREAD,
+    XARG_WAIT,
+)
 from autellix.sim.engine_model import SCHEDULERS, EngineModel, EngineProfile, SimRequest, StepResult
 
 log = logging.getLogger("autellix.sim.emulator")
@@ -465,8 +472,8 @@ def build_app(engine: EmulatedEngine) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get(INFO_PATH, info)
-    app.router.add_get(INFO_PATH.removesuffix("info") + "calls/{call_id}", call_record)
+    app.router.add_get(FEEDBACK_INFO_PATH, info)
+    app.router.add_get(FEEDBACK_CALL_ROUTE, call_record)
     app.router.add_get(FAULTS_PATH, get_faults)
     app.router.add_post(FAULTS_PATH, set_faults)
     app.router.add_delete(FAULTS_PATH, clear_faults)

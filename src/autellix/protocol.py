@@ -1,0 +1,184 @@
+"""The wire contract between Autellix's parts, in one place (standard library only).
+
+Who speaks it:
+
+* agent programs (``autellix.client``, any OpenAI client) -> gateway: the
+  session and thread headers, the session routes and objects, OpenAI-style errors;
+* gateway -> engines: the scheduling fields added to every call (``priority``
+  and the ``vllm_xargs`` keys the engine plugin reads);
+* engine plugin -> gateway: the execution-time channel (feedback paths and the
+  record of a finished call);
+* operator and tools -> gateway: the admin routes.
+
+Client, gateway, engine plugin, emulator and operator import these names from
+here; nothing else defines them. Changing a name here is a wire change: every
+side moves together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+# ---- program identity: headers a call carries -------------------------------------
+#: Names the call's program (a session from ``POST /v1/sessions``).
+SESSION_HEADER = "X-Autellix-Session"
+#: Names the thread of the program the call belongs to (ATLAS's critical path).
+THREAD_HEADER = "X-Autellix-Thread"
+#: Agent frameworks that already carry a session id (Claude Code, Codex-style
+#: clients, ...): the gateway opens an implicit session on first use.
+IMPLICIT_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id", "session-id")
+#: Longest session or thread id accepted in a header.
+MAX_ID_LENGTH = 256
+
+# ---- the gateway's own routes ---------------------------------------------------------
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
+SESSIONS_PATH = "/v1/sessions"
+#: ``GET``/``DELETE`` one session: ``SESSIONS_PATH + "/" + id``.
+SESSION_ROUTE = SESSIONS_PATH + "/{session_id}"
+SESSION_OBJECT = "autellix.session"
+HEALTH_PATH, READY_PATH, METRICS_PATH = "/health", "/ready", "/metrics"
+
+#: Admin routes: the engine pool (``GET``), drain and undrain (``POST {"url": ...}``),
+#: recent calls with their attempts (``GET``).
+ADMIN_ENGINES_PATH = "/admin/engines"
+ADMIN_DRAIN_PATH = ADMIN_ENGINES_PATH + "/drain"
+ADMIN_UNDRAIN_PATH = ADMIN_ENGINES_PATH + "/undrain"
+ADMIN_CALLS_PATH = "/admin/calls"
+#: Sessions opened, read and ended on a tenant's behalf (the operator's AgentPrograms):
+#: ``POST {"tenant": NAME}``, ``GET``/``DELETE ADMIN_SESSIONS_PATH + "/" + id``.
+ADMIN_SESSIONS_PATH = "/admin/sessions"
+ADMIN_SESSION_ROUTE = ADMIN_SESSIONS_PATH + "/{session_id}"
+
+
+def session_path(session_id: str) -> str:
+    return f"{SESSIONS_PATH}/{session_id}"
+
+
+# ---- scheduling fields: what the gateway adds to a call for the engine ----------------
+#: The program's queue level (0 = Q1) as vLLM's request ``priority``.
+PRIORITY_FIELD = "priority"
+#: vLLM's per-request extra arguments (``sampling_params.extra_args`` in the engine).
+XARGS_FIELD = "vllm_xargs"
+#: Keys inside ``XARGS_FIELD`` that the engine plugin (``autellix.engine.planner``) reads.
+XARG_PROGRAM, XARG_THREAD, XARG_CALL = "autellix_program", "autellix_thread", "autellix_call"
+XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
+XARG_KEYS = (XARG_PROGRAM, XARG_THREAD, XARG_CALL, XARG_SERVICE, XARG_WAIT)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingFields:
+    """What a call tells its engine about its program (backend-neutral).
+
+    ``level`` is the program's queue level under the configured boundaries, or
+    None when the gateway sends no priority. An engine backend turns this into
+    its own request fields (``autellix.backends``)."""
+
+    program: str
+    call: str
+    service: float
+    wait: float
+    thread: str | None = None
+    level: int | None = None
+
+    def xargs(self) -> dict[str, Any]:
+        """The flat ``vllm_xargs`` the engine plugin reads."""
+        out: dict[str, Any] = {XARG_PROGRAM: self.program, XARG_CALL: self.call,
+                               XARG_SERVICE: round(self.service, 6), XARG_WAIT: round(self.wait, 6)}
+        if self.thread is not None:
+            out[XARG_THREAD] = self.thread
+        return out
+
+
+# ---- the execution-time channel: engine plugin -> gateway --------------------------------
+FEEDBACK_PREFIX = "/autellix/v1/"
+#: ``GET``: the plugin's scheduler and parameters; 404 when no Autellix scheduler runs.
+FEEDBACK_INFO_PATH = FEEDBACK_PREFIX + "info"
+#: ``GET FEEDBACK_CALLS_PATH + call_id + "?wait=S"``: a finished call's record, read once.
+FEEDBACK_CALLS_PATH = FEEDBACK_PREFIX + "calls/"
+#: The same route with its parameter, for routers that name it.
+FEEDBACK_CALL_ROUTE = FEEDBACK_CALLS_PATH + "{call_id}"
+#: Query parameter: seconds to wait for a record that has not arrived yet.
+FEEDBACK_WAIT_PARAM = "wait"
+FEEDBACK_MAX_WAIT_S = 5.0
+#: Engines trust only the gateway: the plugin's routes (and, through vLLM's
+#: ``--api-key``, its OpenAI routes) need this header with the token gateway and
+#: engines share (``ENGINE_TOKEN_ENV`` on both sides; a Secret in the chart).
+ENGINE_TOKEN_HEADER = "X-Autellix-Engine-Token"
+ENGINE_TOKEN_ENV = "AUTELLIX_ENGINE_TOKEN"
+
+
+def feedback_call_path(call_id: str) -> str:
+    return FEEDBACK_CALLS_PATH + call_id
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """A call that left the engine: what the gateway charges its program.
+
+    ``service_s`` is the wall time of the engine steps the call was scheduled in
+    (model time, no queueing); ``wait_s`` the rest of its time on the engine."""
+
+    call: str | None
+    program: str
+    finished: bool
+    service_s: float
+    wait_s: float
+    steps: int
+    promotions: int
+    demotions: int
+    preemptions: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CallRecord | None:
+        """The record in a feedback answer; None when it is not one (missing or
+        mistyped fields, a negative or non-finite time)."""
+        try:
+            service, wait = float(data["service_s"]), float(data["wait_s"])
+            if not (math.isfinite(service) and math.isfinite(wait) and service >= 0 and wait >= 0):
+                return None
+            call = data.get("call")
+            return cls(call=call if isinstance(call, str) else None, program=str(data["program"]),
+                       finished=bool(data["finished"]), service_s=service, wait_s=wait,
+                       steps=int(data.get("steps", 0)), promotions=int(data.get("promotions", 0)),
+                       demotions=int(data.get("demotions", 0)), preemptions=int(data.get("preemptions", 0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+CALL_RECORD_FIELDS = tuple(f.name for f in fields(CallRecord))
+
+
+# ---- errors: OpenAI's shape ---------------------------------------------------------------
+class APIError(Exception):
+    """An OpenAI-style error, ``{"error": {"message", "type", "code", "param"}}``
+    with an HTTP status. Raised before any state changes, so a rejected request
+    leaves the program state as it found it; a transport turns it into its answer."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+
+__all__ = [
+    "ADMIN_CALLS_PATH", "ADMIN_DRAIN_PATH", "ADMIN_ENGINES_PATH", "ADMIN_SESSIONS_PATH", "ADMIN_SESSION_ROUTE",
+    "ADMIN_UNDRAIN_PATH", "CALL_RECORD_FIELDS",
+    "CHAT_COMPLETIONS_PATH", "COMPLETIONS_PATH", "ENGINE_TOKEN_ENV", "ENGINE_TOKEN_HEADER",
+    "FEEDBACK_CALLS_PATH", "FEEDBACK_CALL_ROUTE",
+    "FEEDBACK_INFO_PATH", "FEEDBACK_MAX_WAIT_S", "FEEDBACK_PREFIX", "FEEDBACK_WAIT_PARAM", "HEALTH_PATH",
+    "IMPLICIT_SESSION_HEADERS", "MAX_ID_LENGTH", "METRICS_PATH", "MODELS_PATH", "PRIORITY_FIELD", "READY_PATH",
+    "SESSIONS_PATH", "SESSION_HEADER", "SESSION_OBJECT", "SESSION_ROUTE", "THREAD_HEADER", "XARGS_FIELD",
+    "XARG_CALL", "XARG_KEYS", "XARG_PROGRAM", "XARG_SERVICE", "XARG_THREAD", "XARG_WAIT", "APIError",
+    "CallRecord", "SchedulingFields", "feedback_call_path", "session_path",
+]

@@ -1,0 +1,102 @@
+"""ProgramStore implementations: the process table's behaviour plus pins per model and ended ids.
+
+``STORES`` lists every implementation; a shared one (Redis, issue 17) joins the
+list and must pass the same tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from autellix.control import MemoryProgramStore, ProgramStore, Sessions
+from autellix.core import DuplicateProgram, policy_by_name
+from autellix.protocol import APIError
+
+StoreFactory = Callable[[], ProgramStore]
+#: Each makes an empty store: PLAS, idle TTL 10 s, 2 ended ids remembered.
+STORES: dict[str, StoreFactory] = {
+    "memory": lambda: MemoryProgramStore(policy_by_name("plas"), idle_ttl=10.0, ended_memory=2),
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest) -> StoreFactory:
+    return STORES[request.param]
+
+
+def test_it_implements_the_interface(store: StoreFactory) -> None:
+    assert isinstance(store(), ProgramStore)
+
+
+def test_pins_are_per_model_and_an_engine_leaving_frees_them(store: StoreFactory) -> None:
+    async def run() -> None:
+        s = store()
+        await s.open("p", 0.0)
+        s.pin("p", "alpha", "e1")
+        s.pin("p", "beta", "e2")
+        assert s.pins("p") == {"alpha": "e1", "beta": "e2"} and s.pinned("p", "alpha") == "e1"
+        assert s.entry("p").pinned_engine == "e2"  # the core's single pin: the latest (the session view)
+        assert s.drop_engine("e2") == ["p"]
+        assert s.pins("p") == {"alpha": "e1"} and s.pinned("p", "beta") is None
+        s.pin("p", "alpha", None)
+        assert s.pins("p") == {} and s.entry("p").pinned_engine is None
+
+    asyncio.run(run())
+
+
+def test_ended_and_expired_ids_are_remembered_bounded(store: StoreFactory) -> None:
+    async def run() -> None:
+        s = store()
+        for name in ("a", "b", "c"):
+            await s.open(name, 0.0)
+        await s.end("a")
+        assert await s.ended("a") and await s.load("a") is None
+        assert [e.program_id for e in await s.expire(11.0)] == ["b", "c"]
+        assert await s.ended("c") and not await s.ended("a")  # memory of 2: the oldest went
+        await s.open("d", 20.0)
+        await s.end("d", remember=False)  # a one-call program leaves no trace
+        assert not await s.ended("d")
+        with pytest.raises(DuplicateProgram):
+            await s.open("e", 0.0)
+            await s.open("e", 0.0)
+
+    asyncio.run(run())
+
+
+def test_sessions_change_nothing_on_a_bad_header(store: StoreFactory) -> None:
+    async def run() -> None:
+        s = store()
+        sessions = Sessions(s)
+        with pytest.raises(APIError) as info:
+            await sessions.resolve({"x-session-id": "ok", "X-Autellix-Thread": "x" * 300}, None, 0.0)
+        assert info.value.status == 400 and len(s) == 0
+        owner = await sessions.resolve({"x-session-id": "agent-1"}, None, 0.0)
+        assert owner.program_id == "agent-1" and not owner.ephemeral and s.entry("agent-1").implicit
+        await sessions.end("agent-1", None)
+        with pytest.raises(APIError) as info:
+            await sessions.resolve({"x-session-id": "agent-1"}, None, 1.0)
+        assert info.value.status == 404 and "ended" in info.value.message
+
+    asyncio.run(run())
+
+
+def test_calls_charge_model_time_and_survive_a_flush(store: StoreFactory) -> None:
+    async def run() -> None:
+        s = store()
+        await s.open("p", 0.0, owner="key-a")
+        s.call_arrived("p", "c1", 1.0, thread_id="t")
+        s.call_routed("p", "c1", "e1")
+        assert s.is_active("p", "c1") and s.priority("p") == 0
+        s.call_finished("p", "c1", 3.0, model_time=1.5, wait=0.5, prompt_tokens=10, completion_tokens=20)
+        s.call_arrived("p", "c2", 4.0)
+        s.call_aborted("p", "c2", 5.0, wait=1.0)
+        await s.flush()
+        entry = await s.load("p")
+        assert entry is not None and entry.owner == "key-a"
+        assert (entry.service, entry.waiting, entry.calls_done, entry.calls_aborted) == (1.5, 1.5, 1, 1)
+        assert (entry.prompt_tokens, entry.completion_tokens, sorted(entry.engines)) == (10, 20, ["e1"])
+        assert not s.is_active("p", "c1") and [e.program_id for e in s.programs()] == ["p"] and len(s) == 1
+
+    asyncio.run(run())
