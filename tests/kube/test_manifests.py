@@ -210,7 +210,7 @@ def test_engine_deployment_carries_the_spec() -> None:
     assert env["AUTELLIX_POLICY"]["value"] == "plas" and env["AUTELLIX_BETA"]["value"] == "inf"
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert c["lifecycle"]["preStop"]["exec"]["command"][:2] == ["python3", "-c"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"][:3] == ["autellix", "engine", "drain-wait"]
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
     assert deployment["spec"]["replicas"] == 3
     labels = deployment["spec"]["template"]["metadata"]["labels"]

