@@ -113,7 +113,7 @@ def _log(runs: Sequence[RecordingLLM]) -> list[list[tuple[str, object]]]:
 
 
 def test_unknown_workload_or_calibration_lists_the_choices() -> None:
-    with pytest.raises(ValueError, match="sharegpt, bfcl, lats, mixed"):
+    with pytest.raises(ValueError, match="sharegpt, bfcl, lats, fanout, mixed"):
         make_programs("chess", 1, seed=0)
     with pytest.raises(ValueError, match="paper, raw"):
         make_programs("bfcl", 1, seed=0, calibration="tokens")
@@ -254,13 +254,42 @@ def test_lats_runs_samples_in_parallel_threads(calibration: str) -> None:
 
 @needs_data
 def test_mixed_interleaves_equal_shares() -> None:
+    kinds_all = [*WORKLOADS, "multiagent"]
     programs = make_programs("mixed", COUNT, seed=SEED)
     kinds = [p.workload for p in programs]
-    assert {k: kinds.count(k) for k in WORKLOADS} == dict.fromkeys(WORKLOADS, COUNT // 3)
-    for end in range(3, COUNT + 1, 3):  # every block of three holds one of each
-        assert sorted(kinds[end - 3 : end]) == sorted(WORKLOADS)
+    assert {k: kinds.count(k) for k in kinds_all} == dict.fromkeys(kinds_all, COUNT // 4)
+    for end in range(4, COUNT + 1, 4):  # every block of four holds one of each
+        assert sorted(kinds[end - 4 : end]) == sorted(kinds_all)
     assert [p.program_id for p in programs] == [p.program_id for p in make_programs("mixed", COUNT, seed=SEED)]
     assert kinds != [p.workload for p in make_programs("mixed", COUNT, seed=SEED + 1)]
-    singles = {p.program_id for w in WORKLOADS for p in make_programs(w, COUNT // 3, seed=SEED)}
+    singles = {p.program_id for w in kinds_all for p in make_programs(w, COUNT // 4, seed=SEED)}
     assert {p.program_id for p in programs} == singles
     assert len(make_programs("mixed", 7, seed=SEED)) == 7
+
+
+@needs_data
+def test_fanout_runs_rounds_of_parallel_calls_over_one_shared_prompt_beside_short_chats() -> None:
+    programs = make_programs("fanout", COUNT, seed=SEED)
+    kinds = [p.workload for p in programs]
+    assert set(kinds) == {"multiagent", "chat"}
+    assert 0.05 * COUNT <= kinds.count("multiagent") <= 0.4 * COUNT  # about a fifth
+    runs = _runs("fanout")
+    assert [r.calls for r in runs] == [_drive(p).calls for p in programs]  # deterministic
+    for program, run in zip(programs, runs, strict=True):
+        calls = run.calls
+        assert len(calls) == program.expected_calls
+        if program.workload == "chat":
+            assert 2 <= len(calls) <= 4 and run.max_in_flight == 1
+            assert all(30 <= c[1] <= 120 for c in calls)
+            continue
+        assert 4 <= run.max_in_flight <= 16
+        width = run.max_in_flight
+        assert len(calls) % width == 0 and 2 <= len(calls) // width <= 4  # rounds of k parallel calls
+        assert all(c[1] <= 400 for c in calls)
+        systems = {c[0][0] for c in calls}
+        assert len(systems) == 1  # one long shared prompt, the same prefix for every agent and round
+        (role, document), = systems
+        assert role == "system" and len(document.encode()) >= 2500
+        rounds = [calls[i : i + width] for i in range(0, len(calls), width)]
+        assert {c[2] for c in rounds[0]} == {f"agent{i}" for i in range(width)}
+        assert all("The other agents said" in c[0][1][1] for c in rounds[1])

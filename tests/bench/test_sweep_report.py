@@ -33,3 +33,23 @@ def test_loaded_comparison_only_where_the_baseline_is_loaded() -> None:
     assert [r["rate"] for r in rows] == [3.0, 4.0]  # vllm at 4x and 8x its unloaded latency
     assert rows[1]["latency_cut_vs_vllm"] == pytest.approx(4.0)
     assert rows[1]["p99_vs_vllm_opt"] == pytest.approx(0.75)
+
+
+def test_loaded_comparison_sets_autellix_against_every_baseline_that_ran() -> None:
+    results = RESULTS | {"client-plas": {"1.0": row(1.0), "2.0": row(1.3), "3.0": row(1.4), "4.0": row(4.0)}}
+    rows = loaded_comparison(results, RATES, load_factor=3.0)
+    assert rows[0]["mean_vs_client_plas"] == pytest.approx(1.5 / 1.4)
+    assert rows[1]["mean_vs_client_plas"] == pytest.approx(0.5)
+    assert rows[1]["mean_vs_vllm_opt"] == pytest.approx(2.0 / 6.0)
+    assert "mean_vs_plas" not in rows[1]
+    # client-plas crosses the bound of 3 between 3/s (1.4) and 4/s (4.0)
+    assert sustained_rates(results, RATES)["ratios"]["autellix/client-plas"] == pytest.approx(4.0 / (3 + 1.6 / 2.6))
+
+
+def test_the_sweep_offers_the_baselines_of_issue_15() -> None:
+    from autellix.bench.sweep import SYSTEMS
+
+    assert SYSTEMS["client-plas"].policy is None and SYSTEMS["client-plas"].client_priority
+    assert SYSTEMS["client-plas"].engine_scheduler == "vllm-priority"  # stock vLLM, --scheduling-policy priority
+    assert SYSTEMS["vllm-priority"].policy == "plas" and SYSTEMS["vllm-priority"].engine_scheduler == "vllm-priority"
+    assert SYSTEMS["plas"].policy == "plas" and SYSTEMS["plas"].engine_scheduler == "autellix"

@@ -18,8 +18,9 @@ def test_defaults_are_consistent():
         ({"policy": "sjf"}, "policy"),
         ({"boundaries": (2.0, 1.0), "quanta": (1, 1, 1)}, "strictly increasing"),
         ({"boundaries": (0.0,), "quanta": (1, 1)}, "positive"),
-        ({"quanta": (1, 2)}, "expected 5 values"),
-        ({"quanta": (1, 2, 0, 4, 5)}, "positive"),
+        ({"quanta": (1, 2)}, "expected 11 values"),
+        ({"boundaries": (1, 2), "quanta": (1, 2)}, "expected 3 values"),
+        ({"boundaries": (1, 2, 3, 4), "quanta": (1, 2, 0, 4, 5)}, "positive"),
         ({"beta": 0}, "beta"),
         ({"balancer": "random"}, "balancer"),
         ({"multi_step": 0}, "multi_step"),
@@ -54,3 +55,10 @@ def test_env_round_trip():
 def test_overrides_ignore_none():
     config = SchedulerConfig().with_overrides(beta=None, policy="fcfs")
     assert config.policy == "fcfs" and config.beta == SchedulerConfig().beta
+
+
+def test_unbounded_quanta_fit_any_number_of_queues():
+    config = SchedulerConfig(boundaries=(0.1, 0.4, 1.6, 6.4))
+    assert config.quanta == (math.inf,) * 5
+    assert SchedulerConfig().with_overrides(boundaries="1,2").quanta == (math.inf,) * 3
+    assert SchedulerConfig.from_env({"AUTELLIX_BOUNDARIES": "1,2,3"}).num_queues == 4

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autellix.core import MultiLevelQueue, ProgramView, QueueSpec
-from autellix.core.preemption import preemption_victims
+from autellix.core.preemption import PreemptionRule, SlotTurnover, lost_kv_tokens, preemption_victims
 
 SPEC = QueueSpec(boundaries=(1.0, 4.0), quanta=(2.0, 4.0, math.inf), beta=math.inf)
 
@@ -71,3 +71,90 @@ def test_after_preemption_the_engine_can_run_the_queue_batch(services: list[floa
     # and no victim was needed: one fewer would leave a batch call without a slot
     if victims:
         assert len(left) + 1 + len(batch - left) > capacity
+
+
+# ---- cost-aware preemption: a preemption must pay for itself ---------------------------------
+RULE = PreemptionRule(max_victims=8, max_lost_tokens=10_000)
+
+
+def test_the_rule_preempts_for_a_better_queue_as_the_eager_form_does() -> None:
+    q = queue_with({"heavy": 10.0, "medium": 2.0, "fresh": 0.0})
+    victims = preemption_victims(q, running={"c-heavy", "c-medium"}, capacity=2, rule=RULE)
+    assert [v.call_id for v in victims] == ["c-heavy"]
+
+
+def test_no_preemption_for_a_better_place_in_the_same_queue() -> None:
+    # both in Q3: the waiting call is only earlier in FCFS order; swapping them is round robin
+    q = queue_with({"early": 5.0, "late": 6.0})
+    assert [v.call_id for v in preemption_victims(q, running={"c-late"}, capacity=1)] == ["c-late"]  # eager
+    assert preemption_victims(q, running={"c-late"}, capacity=1, rule=RULE) == []
+
+
+def test_the_victim_that_loses_least_goes_first_within_the_worst_queue() -> None:
+    # two fresh calls want the slots of two Q3 calls; the budget allows one switch this step
+    q = queue_with({"small-kv": 8.0, "big-kv": 9.0, "fresh1": 0.0, "fresh2": 0.0})
+    running = {"c-big-kv", "c-small-kv"}
+    assert [v.call_id for v in preemption_victims(q, running, capacity=2)] == ["c-big-kv", "c-small-kv"]
+    lost = {"c-big-kv": 4000, "c-small-kv": 10}
+    one = PreemptionRule(max_victims=1, max_lost_tokens=10_000)
+    chosen = preemption_victims(q, running, capacity=2, rule=one, lost_tokens=lambda c: lost[c.call_id])
+    assert [v.call_id for v in chosen] == ["c-small-kv"]  # the worst-ranked would lose 4000 tokens, this one 10
+
+
+def test_budgets_per_step_bound_victims_and_lost_tokens() -> None:
+    services = {f"r{i}": 9.0 for i in range(4)} | {f"w{i}": 0.0 for i in range(4)}
+    q = queue_with(services)
+    running = {f"c-r{i}" for i in range(4)}
+    assert len(preemption_victims(q, running, capacity=4)) == 4
+    assert len(preemption_victims(q, running, capacity=4, rule=PreemptionRule(max_victims=2))) == 2
+    assert preemption_victims(q, running, capacity=4, rule=PreemptionRule(max_victims=0)) == []
+    by_tokens = PreemptionRule(max_victims=8, max_lost_tokens=250)
+    assert len(preemption_victims(q, running, capacity=4, rule=by_tokens, lost_tokens=lambda c: 100)) == 2
+
+
+def test_no_preemption_when_a_slot_frees_soon_on_its_own() -> None:
+    q = queue_with({"heavy": 10.0, "fresh": 0.0})
+    rule = PreemptionRule(min_wait_steps=32)
+    busy = SlotTurnover(half_life=64)
+    for _ in range(64):  # a call leaves every 4 steps
+        busy.stepped(4)
+        busy.departed()
+    assert busy.expected_wait_steps(1) == pytest.approx(4, rel=0.05)
+    assert preemption_victims(q, running={"c-heavy"}, capacity=1, rule=rule, turnover=busy) == []
+    stuck = SlotTurnover(half_life=64)
+    stuck.stepped(500)  # nothing left in 500 steps
+    assert stuck.expected_wait_steps(1) == math.inf
+    assert [v.call_id for v in preemption_victims(q, running={"c-heavy"}, capacity=1, rule=rule,
+                                                   turnover=stuck)] == ["c-heavy"]
+
+
+def test_lost_tokens_count_what_recompute_redoes() -> None:
+    assert lost_kv_tokens(1000, block_size=16, swappable=True, kv_usage=0.99) == 0
+    assert lost_kv_tokens(1000, block_size=16, swappable=False, kv_usage=0.5) == 1000 % 16
+    assert lost_kv_tokens(1000, block_size=16, swappable=False, kv_usage=0.95) == 1000  # the cache will evict them
+    assert lost_kv_tokens(1000, block_size=16, swappable=False, kv_usage=0.5, prefix_caching=False) == 1000
+
+
+@given(
+    services=st.lists(st.floats(0, 10), min_size=1, max_size=20),
+    running_mask=st.lists(st.booleans(), min_size=20, max_size=20),
+    capacity=st.integers(1, 8),
+    max_victims=st.integers(0, 4),
+    max_lost=st.integers(0, 3000),
+)
+def test_the_rule_only_ever_narrows_the_eager_plan(services: list[float], running_mask: list[bool], capacity: int,
+                                                   max_victims: int, max_lost: int) -> None:
+    q = queue_with({f"p{i}": s for i, s in enumerate(services)})
+    order = list(q)
+    running = set(list({c.call_id for c, r in zip(order, running_mask, strict=False) if r})[:capacity])
+    lost = {c.call_id: 100 * (i % 7) for i, c in enumerate(order)}
+    rule = PreemptionRule(max_victims=max_victims, max_lost_tokens=max_lost)
+    chosen = preemption_victims(q, running, capacity, rule=rule, lost_tokens=lambda c: lost[c.call_id])
+    batch = order[:capacity]
+    eager_count = len(preemption_victims(q, running, capacity))
+    assert len(chosen) <= min(eager_count, max_victims)
+    assert sum(lost[v.call_id] for v in chosen) <= max_lost
+    assert all(v.call_id in running and v not in batch for v in chosen)
+    newcomers = [c for c in batch if c.call_id not in running]
+    if chosen:  # every victim sits in a worse queue than the best newcomer
+        assert all(v.level > min(c.level for c in newcomers) for v in chosen)

@@ -31,19 +31,38 @@ def test_plas_sums_model_time_and_keeps_waiting_apart():
     assert not entry.active
 
 
-def test_atlas_keeps_the_critical_path_not_the_sum():
+def test_atlas_charges_width_and_keeps_the_critical_path():
+    """Width-aware ATLAS: the priority is all the engine time the program took
+    (parallel siblings add up); the critical path is kept beside it."""
     table = ProcessTable(ATLAS())
     table.start("p", now=0.0)
     table.call_arrived("p", "root", now=0.0)
     table.call_finished("p", "root", now=2.0, model_time=2.0)
     for child in ("a", "b", "c"):  # three parallel children inherit 2.0
-        table.call_arrived("p", child, now=2.0)
+        call = table.call_arrived("p", child, now=2.0)
+        assert call.inherited_path == 2.0
     table.call_finished("p", "a", now=3.0, model_time=1.0)
-    assert table.priority("p") == 3.0
+    assert table.priority("p") == 3.0 and table["p"].critical_path == 3.0
     table.call_finished("p", "b", now=6.0, model_time=4.0)
-    assert table.priority("p") == 6.0
-    table.call_finished("p", "c", now=7.0, model_time=2.0)  # shorter path: no change
-    assert table.priority("p") == 6.0
+    assert table.priority("p") == 7.0 and table["p"].critical_path == 6.0
+    table.call_finished("p", "c", now=7.0, model_time=2.0)  # a shorter path: the path stays, the charge grows
+    assert table.priority("p") == 9.0 and table["p"].critical_path == 6.0
+    assert table["p"].to_dict()["critical_path"] == 6.0
+
+
+def test_a_wide_program_is_charged_like_the_same_calls_run_one_after_another():
+    wide, narrow = ProcessTable(ATLAS()), ProcessTable(ATLAS())
+    for table in (wide, narrow):
+        table.start("p", now=0.0)
+    for i in range(8):  # eight parallel calls of 1 s
+        wide.call_arrived("p", f"w{i}", now=0.0)
+    for i in range(8):
+        wide.call_finished("p", f"w{i}", now=1.0, model_time=1.0)
+    for i in range(8):  # the same eight calls in a chain
+        narrow.call_arrived("p", f"n{i}", now=float(i))
+        narrow.call_finished("p", f"n{i}", now=i + 1.0, model_time=1.0)
+    assert wide.priority("p") == narrow.priority("p") == 8.0
+    assert wide["p"].critical_path == 1.0 and narrow["p"].critical_path == 8.0
 
 
 def test_abort_counts_wait_but_no_service():

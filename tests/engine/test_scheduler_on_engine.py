@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import openai
 import pytest
 
 from autellix.bench.runner import engine_counters
+from autellix.core import SchedulerConfig
 from autellix.engine.launch import EngineProcess
 from tests.live import MODEL, TOKENIZER, gateway, http
 
@@ -74,9 +76,14 @@ def test_a_fresh_short_call_overtakes_a_heavy_program(engine_cache: Engine, sche
         assert q_latency > 0.5 * min(p_latencies), (q_latency, p_latencies)
 
 
+#: Queues with quanta (the default leaves calls in their queue until they finish):
+#: the long call is demoted after 64 steps, so fresh calls outrank it.
+DEMOTING = SchedulerConfig(boundaries=(0.5, 2.0, 8.0, 32.0), quanta=(64, 128, 256, 512, math.inf))
+
+
 def test_a_long_program_is_not_starved_by_a_stream_of_fresh_ones(engine_cache: Engine) -> None:
-    engine = engine_cache(scheduler="autellix", max_num_seqs=2)
-    beta = 4.0  # the default: the gateway and the engine run with the same config
+    engine = engine_cache(scheduler="autellix", max_num_seqs=2, config=DEMOTING)
+    beta = DEMOTING.beta  # the default, 4
 
     async def run(base: str) -> tuple[dict, int, bool]:
         long_session = new_session(base)
@@ -107,8 +114,9 @@ def test_a_long_program_is_not_starved_by_a_stream_of_fresh_ones(engine_cache: E
 
 
 def test_churn_with_aborts_loses_no_call_and_keeps_the_engine_up(engine_cache: Engine) -> None:
-    # few slots and little KV: the plugin's preemptions and vLLM's own both happen
-    engine = engine_cache(scheduler="autellix", max_num_seqs=4, max_model_len=4096, kv_blocks=36)
+    # few slots, little KV and quanta (demoted calls are outranked): the plugin's
+    # preemptions and vLLM's own both happen
+    engine = engine_cache(scheduler="autellix", max_num_seqs=4, max_model_len=4096, kv_blocks=36, config=DEMOTING)
     rng = random.Random(7)
     plan = [[(rng.randint(1, 200), rng.random() < 0.2, rng.random() < 0.5, rng.randint(1, 900))
              for _ in range(rng.randint(4, 11))] for _ in range(40)]

@@ -189,3 +189,62 @@ def test_decode_runs_give_the_same_outcome_as_single_steps(monkeypatch: pytest.M
         for a, b in zip(fast.result.programs, slow.result.programs, strict=True):
             assert (a.program_id, a.tokens) == (b.program_id, b.tokens)
             assert a.finish == pytest.approx(b.finish, rel=1e-6)
+
+
+def test_client_priority_buckets_the_programs_own_token_count_by_doubling() -> None:
+    from autellix.bench.runner import client_priority
+
+    assert [client_priority(n) for n in (0, 63, 64, 127, 128, 255, 256, 10_000)] == [0, 0, 1, 1, 2, 2, 3, 8]
+
+
+def test_client_plas_programs_send_their_own_bucketed_token_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autellix.bench.runner import client_priority
+
+    seen: list[tuple[str | None, int]] = []
+    original = EngineModel.add
+
+    def add(self, request, now):  # type: ignore[no-untyped-def]
+        seen.append((request.program_id, request.priority))
+        return original(self, request, now)
+
+    monkeypatch.setattr(EngineModel, "add", add)
+    lengths = [100, 100, 100, 100]
+    run = simulate_programs([_chat("p", lengths)], profile=PROFILE, system="client-plas", rate=1.0, seed=1)
+    assert sim_summary(run)["completed"] == 1
+    # no gateway: no program id reaches the engine; the priority is the tokens generated before each call
+    assert seen == [(None, client_priority(sum(lengths[:i]))) for i in range(4)] == [(None, p) for p in (0, 1, 2, 3)]
+
+
+def _wide(program_id: str, rounds: int, width: int, tokens: int) -> AgentProgram:
+    async def run(llm) -> None:  # type: ignore[no-untyped-def]
+        for r in range(rounds):
+            await asyncio.gather(*(llm.chat([{"role": "user", "content": f"{program_id} round {r} agent {i}"}],
+                                            max_tokens=tokens, thread=f"a{i}") for i in range(width)))
+
+    return AgentProgram("synthetic", program_id, run, expected_calls=rounds * width)
+
+
+def test_width_aware_atlas_keeps_wide_programs_from_buying_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chats among programs that run 8 calls at once: charged only its critical path
+    (the paper's rule), a wide program keeps its place in the top queues; charged
+    all its engine time, it yields to the chats and their latency falls."""
+    import autellix.core.policies as policies
+    from autellix.core.policies.atlas import ATLAS
+
+    class PaperATLAS(ATLAS):
+        def attained_service(self, service: float, inherited: float, model_time: float) -> float:
+            return max(service, inherited + model_time)
+
+    rng = random.Random(7)
+    programs = [_wide(f"w{i}", rounds=4, width=8, tokens=100) if i % 5 == 0 else
+                _chat(f"c{i}", [rng.randrange(30, 120) for _ in range(3)]) for i in range(60)]
+
+    def chat_latency() -> float:
+        run = simulate_programs(programs, profile=PROFILE, system="autellix", rate=0.8, seed=7)
+        chats = [p.token_latency for p in run.result.programs if p.program_id.startswith("c")]
+        return sum(chats) / len(chats)
+
+    width_aware = chat_latency()
+    monkeypatch.setitem(policies._BY_NAME, "atlas", PaperATLAS)
+    paper = chat_latency()
+    assert width_aware < 0.5 * paper

@@ -70,3 +70,37 @@ def test_sweep_cli_refuses_bad_arguments() -> None:
     assert out.exit_code == 2 and "chess" in out.output
     out = runner.invoke(app, ["sim", "fidelity", "--measured", "/nonexistent.json"])
     assert out.exit_code == 2 and "cannot read" in out.output
+    out = runner.invoke(app, ["sim", "sweep", "--figures", "check", "--slots", "64"])
+    assert out.exit_code == 2 and "slots" in out.output
+    out = runner.invoke(app, ["sim", "sweep", "--figures", "check", "--workloads", "chess"])
+    assert out.exit_code == 2 and "chess" in out.output
+
+
+def _summary(mean: float, p99: float) -> dict[str, float]:
+    return {"mean_token_latency": mean, "p99_token_latency": p99}
+
+
+def test_check_point_sets_autellix_against_the_best_rival_and_vllm_opts_tail() -> None:
+    from autellix.sim.sweep import check_point
+
+    point = {"vllm-opt": _summary(10.0, 40.0), "plas": _summary(8.0, 30.0), "client-plas": _summary(7.0, 50.0),
+             "autellix": _summary(7.3, 39.0)}
+    result = check_point(point)
+    assert result["best_rival"] == "client-plas" and result["mean_vs_best"] == pytest.approx(7.3 / 7.0)
+    assert result["passed"] and result["p99_vs_vllm_opt"] == pytest.approx(39 / 40)
+    assert not check_point(point | {"autellix": _summary(7.4, 39.0)})["mean_ok"]  # 1.057x the best
+    assert not check_point(point | {"autellix": _summary(7.0, 41.0)})["passed"]  # tail over vllm-opt's
+
+
+def test_check_runs_every_point_and_tables_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import autellix.sim.sweep as sweep
+
+    monkeypatch.setitem(sweep.CHECK_LOADS, 32, {"bfcl": Load((1.0,), 4.0, min_programs=3)})
+    report = sweep.check("a100-llama3.1-8b", slots=(32,), workloads=("bfcl",), seeds=(1, 2), jobs=1,
+                         progress=lambda _: None)
+    points = report["slots"]["32"]["bfcl"]["points"]
+    assert [(p["seed"], p["rate"]) for p in points] == [(1, 1.0), (2, 1.0)]
+    assert set(points[0]["results"]) == set(sweep.CHECK_SYSTEMS) and "passed" in points[0]["check"]
+    table = sweep.check_table(report)
+    assert len(table) == 3 and table[2].startswith("| 32 | bfcl | 1.0 |")
+    assert sweep.plot_check(report, tmp_path).stat().st_size > 0

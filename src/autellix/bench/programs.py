@@ -53,8 +53,10 @@ CONTEXT_LIMIT = 8000
 #: Chat-template tokens counted per message on top of its content bytes.
 MESSAGE_OVERHEAD = 40
 
-WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "mixed")
+WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "fanout", "mixed")
 CALIBRATIONS: tuple[str, ...] = ("paper", "raw")
+#: The kinds of program "mixed" interleaves ("multiagent": fanout's multi-agent programs).
+MIXED_KINDS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "multiagent")
 
 #: Thread name of the single-threaded programs (sharegpt, bfcl).
 MAIN_THREAD = "main"
@@ -589,6 +591,84 @@ def _lats_program(
     return AgentProgram("lats", program_id, run, expected_calls=None)
 
 
+# --------------------------------------------------------------------------- fan-out multi-agent
+
+#: ``fanout``: this share of programs are multi-agent rounds, the rest short chats.
+FANOUT_MULTIAGENT_SHARE = 0.2
+#: Rounds per multi-agent program, and agents (parallel calls) per round.
+FANOUT_ROUNDS = (2, 4)
+FANOUT_AGENTS = (4, 16)
+#: Bytes of the long prompt every agent of a program shares (real ShareGPT text).
+FANOUT_SHARED_BYTES = (2500, 3500)
+#: Output tokens per agent call: up to 400, mean about 250.
+FANOUT_DECODE = (250.0, 32, 400, 0.5)
+#: Bytes of the previous round's replies shown to every agent of the next round.
+FANOUT_DIGEST_BYTES = 1200
+#: Short chats beside them: turns, and output tokens per turn.
+CHAT_TURNS = (2, 4)
+CHAT_DECODE = (30, 120)
+FANOUT_TOOL_DELAY = (0.05, 0.3)
+
+
+def _long_text(rng: random.Random, convs: Sequence[ShareGPTConversation], size: int) -> str:
+    """``size`` bytes of consecutive real text, from a line start of a random conversation onwards."""
+    conv = rng.randrange(len(convs))
+    text, out = convs[conv].text, ""
+    pos = text.find("\n", rng.randrange(len(text))) + 1
+    while _nbytes(out) < size:
+        if pos >= len(text):
+            conv = (conv + 1) % len(convs)
+            text, pos = convs[conv].text, 0
+        piece = text[pos : pos + size]
+        out += piece
+        pos += len(piece)
+    return _clip_head(out, size)
+
+
+def _multiagent_program(program_id: str, rng: random.Random, convs: Sequence[ShareGPTConversation]) -> AgentProgram:
+    """A multi-agent debate: each round, ``k`` agents answer in parallel over one
+    long shared document (the same prefix), then the next round shows every agent
+    a digest of the last round's answers. Its critical path is one call a round;
+    its engine use is ``k`` calls a round."""
+    rounds = rng.randint(*FANOUT_ROUNDS)
+    agents = rng.randint(*FANOUT_AGENTS)
+    document = _long_text(rng, convs, rng.randint(*FANOUT_SHARED_BYTES))
+    plan = tuple(tuple(_draw(rng, *FANOUT_DECODE) for _ in range(agents)) for _ in range(rounds))
+    delay = round(rng.uniform(*FANOUT_TOOL_DELAY), 3)
+    system = "You are one of several agents debating the document below. Be concise.\n" + document
+
+    async def run(llm: LLM) -> None:
+        digest = ""
+        for r, tokens in enumerate(plan):
+            async def agent(i: int, max_tokens: int, r: int = r, digest: str = digest) -> str:
+                task = (f"Round {r + 1}. " + (f"The other agents said:\n{digest}\n" if digest else "")
+                        + f"You are agent {i + 1}: give your position.")
+                messages = fit_messages([{"role": "system", "content": system}, _user(task)], max_tokens)
+                return await llm.chat(messages, max_tokens=max_tokens, thread=f"agent{i}")
+
+            replies = await asyncio.gather(*(agent(i, n) for i, n in enumerate(tokens)))
+            digest = _clip_tail("\n".join(replies), FANOUT_DIGEST_BYTES)
+            await llm.tool(delay)  # the coordinator merges the round
+
+    return AgentProgram("multiagent", program_id, run, expected_calls=rounds * agents)
+
+
+def _chat_program(program_id: str, rng: random.Random, convs: Sequence[ShareGPTConversation]) -> AgentProgram:
+    """A short chat: 2-4 turns of real ShareGPT text, 30-120 output tokens a turn."""
+    turns = rng.randint(*CHAT_TURNS)
+    texts = _sharegpt_texts(rng, convs, turns, "paper")
+    plan = tuple(_ChatTurn(t, rng.randint(*CHAT_DECODE)) for t in texts)
+
+    async def run(llm: LLM) -> None:
+        history: list[Message] = []
+        for turn in plan:
+            history = fit_messages([*history, _user(turn.text)], turn.max_tokens)
+            reply = await llm.chat(list(history), max_tokens=turn.max_tokens, thread=MAIN_THREAD)
+            history.append(_assistant(reply))
+
+    return AgentProgram("chat", program_id, run, expected_calls=len(plan))
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -609,6 +689,19 @@ def _build(workload: str, indices: Sequence[int], seed: int, calibration: str, r
         for i in indices:
             _, rng = _program_rng(seed, workload, i)
             out.append(_bfcl_program(f"bfcl-{seed}-{i}", rng, entries, functions, calibration))
+    elif workload == "multiagent":
+        convs = load_sharegpt(root)
+        for i in indices:
+            _, rng = _program_rng(seed, workload, i)
+            out.append(_multiagent_program(f"multiagent-{seed}-{i}", rng, convs))
+    elif workload == "fanout":  # multi-agent programs among short chats, each program's kind drawn
+        convs = load_sharegpt(root)
+        for i in indices:
+            _, rng = _program_rng(seed, workload, i)
+            if rng.random() < FANOUT_MULTIAGENT_SHARE:
+                out.append(_multiagent_program(f"fanout-{seed}-{i}", rng, convs))
+            else:
+                out.append(_chat_program(f"chat-{seed}-{i}", rng, convs))
     else:
         questions = load_hotpotqa(root)
         for i in indices:
@@ -621,14 +714,18 @@ def _build(workload: str, indices: Sequence[int], seed: int, calibration: str, r
 def make_programs(
     workload: str, count: int, *, seed: int, calibration: str = "paper", data_dir: Path | None = None
 ) -> list[AgentProgram]:
-    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats" or "mixed"), deterministic in ``seed``.
+    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout" or "mixed"),
+    deterministic in ``seed``.
 
     Program ``i`` of a workload draws everything from ``random.Random(f"{seed}:{workload}:{i}")``.
-    "mixed" is an equal share of the three (the first ones differing by at most one),
-    in blocks of three, one of each kind in a seeded order; its programs are the
-    same as the first programs of each single workload with the same seed.
+    "fanout" is multi-agent programs (rounds of 4-16 parallel calls over one long
+    shared prompt; ``FANOUT_MULTIAGENT_SHARE`` of them) among short chats.
+    "mixed" is an equal share of sharegpt, bfcl, lats and multi-agent programs
+    (the first ones differing by at most one), in blocks of four, one of each
+    kind in a seeded order; its programs are the same as the first programs of
+    each single kind with the same seed.
     """
-    if workload not in WORKLOADS:
+    if workload not in WORKLOADS and workload not in MIXED_KINDS:  # "multiagent": fanout's wide programs alone
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     if calibration not in CALIBRATIONS:
         raise ValueError(f"unknown calibration {calibration!r}; choose one of {', '.join(CALIBRATIONS)}")
@@ -637,8 +734,8 @@ def make_programs(
     root = workloads_dir(data_dir).resolve()
     if workload != "mixed":
         return _build(workload, range(count), seed, calibration, root)
-    kinds = WORKLOADS[:3]
-    shares = [count // 3 + (1 if k < count % 3 else 0) for k in range(3)]
+    kinds = MIXED_KINDS
+    shares = [count // len(kinds) + (1 if k < count % len(kinds) else 0) for k in range(len(kinds))]
     pools = {kind: _build(kind, range(n), seed, calibration, root) for kind, n in zip(kinds, shares, strict=True)}
     order = random.Random(f"{seed}:mixed")
     taken = dict.fromkeys(kinds, 0)

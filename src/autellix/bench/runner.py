@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -77,15 +78,44 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+#: ``client-plas``: tokens a program may generate before its calls drop to the
+#: second priority bucket; each later bucket starts at twice the tokens.
+CLIENT_PRIORITY_FIRST_BUCKET = 64
+
+
+def client_priority(generated_tokens: int) -> int:
+    """The ``client-plas`` baseline, what a user can do without Autellix: the
+    program sends, as stock vLLM's ``priority`` (engine run with
+    ``--scheduling-policy priority``, lower first), the tokens it has generated
+    so far, bucketed by doubling (0 below 64 tokens, 1 below 128, 2 below 256,
+    ...), so its calls fall behind younger programs' as it grows. No gateway,
+    no session: the client counts only its own output tokens, so it knows
+    neither prefill work nor model time, has no anti-starvation and no view of
+    other engines."""
+    if generated_tokens < CLIENT_PRIORITY_FIRST_BUCKET:
+        return 0
+    return 1 + int(math.log2(generated_tokens / CLIENT_PRIORITY_FIRST_BUCKET))
+
+
 class HttpLLM:
-    """The ``LLM`` one program talks to: streaming chat calls, simulated tools."""
+    """The ``LLM`` one program talks to: streaming chat calls, simulated tools.
+
+    ``client_priority``: send ``client_priority(tokens generated so far)`` as
+    each call's vLLM ``priority`` (the ``client-plas`` baseline)."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, stat: ProgramStat, calls: list[CallStat],
-                 session: str | None, *, stream: bool = True) -> None:
+                 session: str | None, *, stream: bool = True, client_priority: bool = False) -> None:
         self._client, self._model, self._stat, self._calls = client, model, stat, calls
         self._session = session
         self._stream = stream
+        self._client_priority = client_priority
         self._inflight = 0
+
+    def _extra_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"ignore_eos": True}
+        if self._client_priority:
+            body["priority"] = client_priority(self._stat.tokens)
+        return body
 
     async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str:
         headers = {}
@@ -112,7 +142,7 @@ class HttpLLM:
         parts: list[str] = []
         stream = await self._client.chat.completions.create(
             model=self._model, messages=messages, max_tokens=max_tokens, stream=True,  # type: ignore[arg-type]
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, extra_headers=headers)
+            stream_options={"include_usage": True}, extra_body=self._extra_body(), extra_headers=headers)
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 if call.first_token is None:
@@ -129,7 +159,7 @@ class HttpLLM:
         token then comes from the engine's per-request metrics."""
         answer = await self._client.chat.completions.create(
             model=self._model, messages=messages, max_tokens=max_tokens,  # type: ignore[arg-type]
-            extra_body={"ignore_eos": True}, extra_headers=headers)
+            extra_body=self._extra_body(), extra_headers=headers)
         metrics = _read_usage(call, answer.usage, answer.model_extra)
         if isinstance(metrics.get("time_to_first_token_ms"), int | float):
             call.first_token = call.submitted + metrics["time_to_first_token_ms"] / 1e3
@@ -193,8 +223,11 @@ async def engine_counters(engines: Sequence[str]) -> dict[str, float]:
 
 async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
                        engines: Sequence[str] = (), sessions: bool | None = None, stream: bool = True,
-                       on_done: Callable[[ProgramStat], None] | None = None) -> RunResult:
-    """Start each program at its Poisson arrival time; wait for all to finish."""
+                       client_priority: bool = False,
+                       on_done: Callable[[ProgramStat], None] | None = None, api_key: str = "none") -> RunResult:
+    """Start each program at its Poisson arrival time; wait for all to finish.
+    ``client_priority``: each program sends its own bucketed token count as the
+    calls' vLLM priority (``client-plas``; the engine must schedule by priority)."""
     base = target.rstrip("/")
     if sessions is None:
         sessions = await uses_sessions(base)
@@ -202,7 +235,7 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
     calls: list[CallStat] = []
     stats: list[ProgramStat] = []
     before = await engine_counters(engines) if engines else None
-    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=3600)
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0, timeout=3600)
 
     async def one(program: AgentProgram, at: float) -> None:
         await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
@@ -212,7 +245,8 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
         try:
             if sessions:
                 session = (await client.post("/sessions", cast_to=object))["id"]  # type: ignore[index]
-            await program.run(HttpLLM(client, model, stat, calls, session, stream=stream))
+            await program.run(HttpLLM(client, model, stat, calls, session, stream=stream,
+                                      client_priority=client_priority))
         except Exception as exc:  # recorded, not raised: one failed program must not stop the run
             stat.error = f"{type(exc).__name__}: {exc}"
         finally:

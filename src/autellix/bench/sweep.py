@@ -6,8 +6,15 @@ programs and the same Poisson arrivals at each rate. Systems:
 
 * ``vllm``: bare engine, FCFS, prefix caching off (the paper's baseline);
 * ``vllm-opt``: bare engine, FCFS, prefix caching and chunked prefill on;
+* ``client-plas``: bare engine with stock vLLM's ``--scheduling-policy
+  priority``, no gateway; each program sends its own generated-token count,
+  bucketed, as the calls' ``priority`` (``runner.client_priority``): what a
+  user can do in ten lines without Autellix;
+* ``vllm-priority``: stock vLLM priority scheduling behind the gateway, which
+  sends each call's PLAS queue level as ``priority`` (no plugin, no preemption);
 * ``mlfq``: gateway and engine plugin with classic MLFQ (every call starts in Q1);
-* ``autellix``: gateway and engine plugin with ATLAS (program-level priority).
+* ``plas``: gateway and engine plugin with PLAS;
+* ``autellix``: gateway and engine plugin with the default policy (width-aware ATLAS).
 
 The engines are made to saturate at rates this machine's client can drive
 (``ENGINE_SETTINGS``): for the light workloads (sharegpt, bfcl) few running
@@ -41,15 +48,20 @@ from autellix.gateway.process import free_port, gateway_process
 @dataclass(frozen=True)
 class System:
     name: str
-    engine_scheduler: str  # autellix | fcfs
+    engine_scheduler: str  # autellix | vllm-priority | fcfs (autellix.engine.launch.SCHEDULERS)
     policy: str | None  # the gateway's (and plugin's) policy; None: no gateway
     prefix_caching: bool = True
+    #: No gateway: programs send their own bucketed token counts as vLLM priority.
+    client_priority: bool = False
 
 
 SYSTEMS: dict[str, System] = {
     "vllm": System("vllm", "fcfs", None, prefix_caching=False),
     "vllm-opt": System("vllm-opt", "fcfs", None),
+    "client-plas": System("client-plas", "vllm-priority", None, client_priority=True),
+    "vllm-priority": System("vllm-priority", "vllm-priority", "plas"),
     "mlfq": System("mlfq", "autellix", "mlfq"),
+    "plas": System("plas", "autellix", "plas"),
     "autellix": System("autellix", "autellix", "atlas"),
 }
 
@@ -80,9 +92,11 @@ _LIGHT = EngineSettings(4, ("--max-num-batched-tokens", "1024", "--enforce-eager
 #: ratio let least-attained-service keep the short programs ahead of the long
 #: ones (docs/benchmarks.md shows both settings, chosen in simulation first).
 _HEAVY = EngineSettings(8, ("--max-num-batched-tokens", "2048"), (0.2, 1.0, 1.8), 20.0,
-                        SchedulerConfig(boundaries=(0.1, 0.4, 1.6, 6.4), beta=8.0))
+                        SchedulerConfig(boundaries=(0.1, 0.4, 1.6, 6.4), quanta=(64, 128, 256, 512, math.inf),
+                                        beta=8.0))
 #: The same for every system of a workload.
-ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT, "lats": _HEAVY, "mixed": _HEAVY}
+ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT, "lats": _HEAVY, "mixed": _HEAVY,
+                                              "fanout": _HEAVY}
 
 
 @contextlib.contextmanager
@@ -146,7 +160,8 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
                 batch = make_programs(workload, count, seed=seed + i, calibration=calibration)
                 started = time.monotonic()
                 run = asyncio.run(run_programs(target, batch, rate=rate, seed=seed + i, model=SERVED_MODEL,
-                                               engines=[engine], stream=stream))
+                                               engines=[engine], stream=stream,
+                                               client_priority=system.client_priority))
                 summary = summarize(run)
                 results[name][str(rate)] = summary
                 progress(f"{name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "
@@ -172,7 +187,7 @@ def sustained_rates(results: dict[str, dict[str, Any]], rates: Sequence[float],
     bound = bound_factor * base
     sustained = {name: highest_rate_under(by_rate, rates, bound) for name, by_rate in results.items()}
     ratios = {}
-    for other in ("vllm", "vllm-opt"):
+    for other in ("vllm", "vllm-opt", "client-plas", "plas"):
         if "autellix" in sustained and sustained.get(other):
             ratios[f"autellix/{other}"] = sustained["autellix"] / sustained[other]
     return {"latency_bound": bound, "bound_factor": bound_factor, "rates": sustained, "ratios": ratios}
@@ -197,7 +212,8 @@ def loaded_comparison(results: dict[str, dict[str, Any]], rates: Sequence[float]
                       load_factor: float = 3.0) -> list[dict[str, Any]]:
     """At each rate where the ``vllm`` baseline's mean token latency is at least
     ``load_factor`` x its value at the lowest rate: autellix's latency cut against
-    vllm and its P99 against vllm-opt's (the issue's checked claim)."""
+    vllm, its P99 against vllm-opt's, and its mean over each other baseline's
+    that ran (``mean_vs_client_plas`` ...; the issue's checked claims)."""
     if "vllm" not in results or "autellix" not in results:
         return []
     unloaded = results["vllm"][str(rates[0])]["mean_token_latency"]
@@ -211,6 +227,11 @@ def loaded_comparison(results: dict[str, dict[str, Any]], rates: Sequence[float]
                "latency_cut_vs_vllm": base["mean_token_latency"] / ours["mean_token_latency"]}
         if "vllm-opt" in results:
             row["p99_vs_vllm_opt"] = ours["p99_token_latency"] / results["vllm-opt"][key]["p99_token_latency"]
+        # autellix's mean over each other baseline's (below 1: autellix is faster)
+        for other in ("vllm-opt", "client-plas", "plas", "vllm-priority"):
+            if other in results and key in results[other]:
+                row[f"mean_vs_{other.replace('-', '_')}"] = (ours["mean_token_latency"]
+                                                           / results[other][key]["mean_token_latency"])
         rows.append(row)
     return rows
 

@@ -42,20 +42,21 @@ def _floats(value: Any, name: str) -> tuple[float, ...]:
 class SchedulerConfig:
     """Policy, queues, anti-starvation and load-balancing parameters.
 
-    Defaults (the paper publishes none; docs/scheduling.md gives the reasoning):
-    five queues split at 0.5, 2, 8 and 32 seconds of attained service (x4
-    apart, as LAS schedulers such as Tiresias space them, so a program moves
-    down a queue only after its service grows four-fold), quanta of 64, 128,
-    256, 512 steps and unbounded in the last queue (a demoted call runs twice
-    as long before the next demotion, which bounds context switches per call
-    to about log2 of its length), and beta = 4.
+    Defaults (the paper publishes none; docs/scheduling.md gives the reasoning
+    and the simulator sweep that chose them): eleven queues split at 0.5, 1,
+    2, ..., 256 seconds of attained service (x2 apart, so programs that differ
+    two-fold in service are told apart across three orders of magnitude),
+    unbounded quanta (a call is never demoted while it runs: demotion made
+    the engine preempt calls that a newcomer gains little from), and beta = 4.
     """
 
     policy: str = "atlas"
     #: Lower bounds of Q2..QK in service units; Q1 starts at 0, QK ends at inf.
-    boundaries: tuple[float, ...] = (0.5, 2.0, 8.0, 32.0)
+    boundaries: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
     #: Steps a call may run in each queue before it is demoted; one per queue.
-    quanta: tuple[float, ...] = (64.0, 128.0, 256.0, 512.0, math.inf)
+    #: All unbounded (the default: a call keeps its queue until it finishes)
+    #: fits any number of queues, so boundaries alone may be changed.
+    quanta: tuple[float, ...] = (math.inf,) * 11
     #: Promote a call to Q1 when (program wait + call wait) /
     #: (program service + call model time) >= beta. ``inf`` disables it.
     beta: float = 4.0
@@ -76,6 +77,8 @@ class SchedulerConfig:
         if self.balancer not in BALANCERS:
             raise ConfigError(f"balancer: expected one of {', '.join(BALANCERS)}, got {self.balancer!r}")
         bounds = self.boundaries
+        if self.quanta and all(math.isinf(q) for q in self.quanta) and len(self.quanta) != len(bounds) + 1:
+            object.__setattr__(self, "quanta", (math.inf,) * (len(bounds) + 1))
         if any(not b > 0 for b in bounds) or any(a >= b for a, b in pairwise(bounds)):
             raise ConfigError(f"boundaries: expected strictly increasing positive numbers, got {list(bounds)}")
         if len(self.quanta) != len(bounds) + 1:

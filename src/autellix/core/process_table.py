@@ -39,6 +39,8 @@ class ActiveCall:
     #: The program's service when the call arrived (ATLAS's ``c.service``).
     inherited: float
     engine: str | None = None
+    #: The program's critical path when the call arrived.
+    inherited_path: float = 0.0
 
 
 @dataclass(slots=True)
@@ -49,6 +51,9 @@ class ProgramEntry:
     service: float = 0.0
     #: Queued (not executing) time of the program's finished calls.
     waiting: float = 0.0
+    #: The longest chain of its calls' model time (the paper's ATLAS value):
+    #: ``max(path, inherited_path + model_time)`` per finished call.
+    critical_path: float = 0.0
     #: Engine the program is pinned to (Algorithm 2, long prompts).
     pinned_engine: str | None = None
     #: Every engine the program's calls have run on.
@@ -77,6 +82,7 @@ class ProgramEntry:
             "created_at": self.created_at,
             "service": self.service,
             "waiting": self.waiting,
+            "critical_path": self.critical_path,
             "pinned_engine": self.pinned_engine,
             "engines": sorted(self.engines),
             "calls_done": self.calls_done,
@@ -161,7 +167,8 @@ class ProcessTable:
         entry = self[program_id]
         if call_id in entry.active:
             raise KeyError(f"call {call_id!r} of program {program_id!r} is already active")
-        call = ActiveCall(call_id=call_id, thread_id=thread_id, arrival=now, inherited=entry.service, engine=engine)
+        call = ActiveCall(call_id=call_id, thread_id=thread_id, arrival=now, inherited=entry.service, engine=engine,
+                          inherited_path=entry.critical_path)
         entry.active[call_id] = call
         entry.last_arrival = now
         if engine is not None:
@@ -192,6 +199,7 @@ class ProcessTable:
         call = self._active(entry, call_id)
         del entry.active[call_id]
         entry.service = self.policy.attained_service(entry.service, call.inherited, model_time)
+        entry.critical_path = max(entry.critical_path, call.inherited_path + model_time)
         entry.waiting += wait
         entry.calls_done += 1
         entry.prompt_tokens += prompt_tokens

@@ -17,13 +17,14 @@ of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from autellix.core import MultiLevelQueue, ProcessTable, SchedulerConfig, policy_by_name
 from autellix.core.mlq import QueuedCall
-from autellix.core.preemption import preemption_victims
+from autellix.core.preemption import PreemptionRule, SlotTurnover, preemption_victims
+from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_WAIT, CallRecord
 
 #: How often the planner sweeps every queued call for anti-starvation promotion
 #: and re-placement. Demotion is checked every planning step (only calls that
@@ -32,9 +33,8 @@ from autellix.core.preemption import preemption_victims
 #: changes nothing, and a step stays O(running calls) (bench/scheduler_step.py).
 SWEEP_INTERVAL_S = 0.02
 
-#: ``vllm_xargs`` keys the gateway sends (``autellix.gateway.app`` writes them).
-XARG_PROGRAM, XARG_THREAD, XARG_CALL = "autellix_program", "autellix_thread", "autellix_call"
-XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
+#: The ``vllm_xargs`` keys the gateway sends and the record published for each
+#: call (``CallRecord``) are the wire contract: ``autellix.protocol``.
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,24 +73,6 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """A call that left the engine: what the gateway charges its program."""
-
-    call: str | None
-    program: str
-    finished: bool
-    service_s: float
-    wait_s: float
-    steps: int
-    promotions: int
-    demotions: int
-    preemptions: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
 class CallPlanner:
     """The queues and program table of one engine."""
 
@@ -105,6 +87,8 @@ class CallPlanner:
         self._left = 0
         self._last_sweep = -float("inf")
         self.sweep_interval = SWEEP_INTERVAL_S
+        self.preemption_rule = PreemptionRule()
+        self.turnover = SlotTurnover()
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -138,6 +122,7 @@ class CallPlanner:
         else:
             self.table.call_aborted(who.program_id, call_id, now, wait=call.total_wait)
         self._left += 1
+        self.turnover.departed()
         if self._left % 256 == 0:  # programs that went quiet leave the table
             self.table.expire(now)
         return CallRecord(call=who.gateway_call, program=who.program_id, finished=finished,
@@ -146,15 +131,22 @@ class CallPlanner:
                           preemptions=self._preemptions.pop(call_id, 0))
 
     # ---- one engine step -------------------------------------------------------
-    def replan(self, now: float, running: Iterable[str], capacity: int) -> tuple[list[QueuedCall], list[QueuedCall]]:
-        """Demotion, anti-starvation and placement, then the preemptions that let
-        the best-ranked ``capacity`` calls run. Returns (calls whose rank changed,
-        running calls to preempt)."""
+    def replan(self, now: float, running: Iterable[str], capacity: int, *,
+               lost_tokens: Callable[[str], int] | None = None) -> tuple[list[QueuedCall], list[QueuedCall]]:
+        """Demotion, anti-starvation and placement, then the preemptions that pay
+        for themselves (``autellix.core.preemption``): ``lost_tokens(call_id)``
+        says how many computed KV tokens preempting a running call would lose.
+        Returns (calls whose rank changed, running calls to preempt)."""
         sweep = now - self._last_sweep >= self.sweep_interval
         if sweep:
             self._last_sweep = now
         moved = self.queue.rebalance(now, sweep=sweep)
-        victims = preemption_victims(self.queue, set(running), capacity)
+        cost: Callable[[QueuedCall], int] | None = None
+        if lost_tokens is not None:
+            by_id = lost_tokens
+            cost = lambda call: by_id(call.call_id)  # noqa: E731
+        victims = preemption_victims(self.queue, set(running), capacity, rule=self.preemption_rule,
+                                     lost_tokens=cost, turnover=self.turnover)
         for call in victims:
             self._preemptions[call.call_id] = self._preemptions.get(call.call_id, 0) + 1
         return moved, victims
@@ -163,9 +155,11 @@ class CallPlanner:
         """The engine scheduled these calls for the step that starts now."""
         self.queue.mark_running(call_ids)
 
-    def step_done(self, now: float) -> None:
-        """The step ran: the time since the last step is the scheduled calls'
-        model time (the scheduler's own few microseconds between steps are
-        theirs too) and one step of their quantum; everyone else waited."""
+    def step_done(self, now: float, steps: int = 1) -> None:
+        """The step ran (or ``steps`` decode steps did): the time since the last
+        step is the scheduled calls' model time (the scheduler's own few
+        microseconds between steps are theirs too) and that many steps of their
+        quantum; everyone else waited."""
         self.queue.advance(now)
-        self.queue.charge(self.queue.running)
+        self.queue.charge(self.queue.running, steps=steps)
+        self.turnover.stepped(steps)

@@ -39,6 +39,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from autellix.core import SchedulerConfig
+from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.feedback import FeedbackPublisher
 from autellix.engine.kv_pool import ResumeAccounting
 from autellix.engine.planner import CallIdentity, CallPlanner
@@ -122,7 +123,8 @@ class AutellixScheduler(Scheduler):
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _replan(self, now: float) -> None:
-        moved, victims = self.planner.replan(now, (r.request_id for r in self.running), self.max_num_running_reqs)
+        moved, victims = self.planner.replan(now, (r.request_id for r in self.running), self.max_num_running_reqs,
+                                             lost_tokens=self._lost_tokens)
         requests = self.requests
         waiting_moved = False
         for call in moved:
@@ -136,6 +138,18 @@ class AutellixScheduler(Scheduler):
         if victims:
             self._preempt(victims, now)
         self.running.sort(key=_by_priority)
+
+    def _lost_tokens(self, request_id: str) -> int:
+        """What preempting a running request would make vLLM recompute: nothing if
+        the swap connector can keep its blocks in host memory, else what the
+        prefix cache may not hold (``autellix.core.preemption.lost_kv_tokens``)."""
+        request = self.requests[request_id]
+        computed = request.num_computed_tokens
+        block_size = self.block_size
+        capacity = getattr(self.connector, "capacity", 0) if getattr(self.connector, "swap_out", None) else 0
+        return lost_kv_tokens(computed, block_size=block_size, swappable=-(-computed // block_size) <= capacity,
+                              kv_usage=self.kv_cache_manager.usage,
+                              prefix_caching=bool(self.cache_config.enable_prefix_caching))
 
     def _preempt(self, victims: list[Any], now: float) -> None:
         chosen = {call.call_id for call in victims}

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from autellix.core import SchedulerConfig
+from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.sim.cost_model import StepCost
 from autellix.sim.kv_cache import BlockPool, block_hashes
@@ -396,7 +397,7 @@ class EngineModel:
     def _replan(self, now: float) -> list[_Seq]:
         assert self.planner is not None
         moved, victims = self.planner.replan(now, (s.req.request_id for s in self._running),
-                                             self.profile.max_num_seqs)
+                                             self.profile.max_num_seqs, lost_tokens=self._lost_tokens)
         waiting_moved = False
         for call in moved:
             seq = self._seqs.get(call.call_id)  # type: ignore[arg-type]
@@ -414,6 +415,12 @@ class EngineModel:
                 out.append(seq)
         self._running.sort(key=_Seq.key)
         return out
+
+    def _lost_tokens(self, request_id: str) -> int:
+        """What preempting the running request would make the engine recompute (no swapping here)."""
+        seq = self._seqs[request_id]
+        return lost_kv_tokens(seq.computed, block_size=self.profile.block_size, swappable=False,
+                              kv_usage=self.pool.usage(), prefix_caching=self.prefix_caching)
 
     # ---- KV blocks ----------------------------------------------------------------
     def _ensure_hashes(self, seq: _Seq, blocks: int) -> None:
@@ -724,9 +731,7 @@ class EngineModel:
         self.busy_seconds += seconds
         self.generated_tokens += k * d
         if self.planner is not None:
-            queue = self.planner.queue
-            queue.advance(end)
-            queue.charge(queue.running, steps=k)
+            self.planner.step_done(end, steps=k)
         outcomes = self._retire(done, end)
         return StepResult(seconds=seconds, tokens=tokens, first_token=[], finished=finished, preempted=[],
                           prefill_tokens=0, decode_seqs=k * d, cached_tokens=0, kv_tokens=kv_total,

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autellix.bench.programs import MESSAGE_OVERHEAD, AgentProgram
-from autellix.bench.runner import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
+from autellix.bench.runner import (
+    CallStat,
+    ProgramStat,
+    RunResult,
+    client_priority,
+    poisson_arrivals,
+    summarize,
+)
 from autellix.core import ProcessTable, SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.mlq import QueueSpec
 from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
@@ -39,13 +46,18 @@ class SimSystem:
     policy: str | None
     prefix_caching: bool = True
     chunked_prefill: bool = True
+    #: No gateway: each program sends its own bucketed token count as vLLM's
+    #: ``priority`` (``autellix.bench.runner.client_priority``).
+    client_priority: bool = False
 
 
-#: The paper's systems (Figure 12) and the other policies of the core.
+#: The paper's systems (Figure 12), the other policies of the core, and
+#: ``client-plas``: stock vLLM priority fed by the programs themselves (no gateway).
 SYSTEMS: dict[str, SimSystem] = {
     "vllm": SimSystem("vllm", "fcfs", None, prefix_caching=False, chunked_prefill=False),
     "vllm-opt": SimSystem("vllm-opt", "fcfs", None),
     "vllm-priority": SimSystem("vllm-priority", "vllm-priority", "plas"),
+    "client-plas": SimSystem("client-plas", "vllm-priority", None, client_priority=True),
     "mlfq": SimSystem("mlfq", "mlfq", "mlfq"),
     "plas": SimSystem("plas", "autellix", "plas"),
     "autellix": SimSystem("autellix", "autellix", "atlas"),
@@ -190,7 +202,9 @@ class SimGateway:
         self._ids = itertools.count()
 
     async def call(self, program_id: str, thread: str | None, prompt: bytes, max_tokens: int,
-                   stat: CallStat) -> RequestOutcome:
+                   stat: CallStat, output: bytes | None = None, generated: int = 0) -> RequestOutcome:
+        """One call; ``generated``: the tokens its program has generated so far
+        (what a ``client-plas`` program sends, bucketed, as its priority)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         call_id = f"c{next(self._ids)}"
@@ -204,9 +218,12 @@ class SimGateway:
         priority = 0
         if gateway and self.queues is not None:
             priority = self.queues.level_for(entry.service)
+        elif self.system.client_priority:
+            priority = client_priority(generated)
         request = SimRequest(call_id, prompt, max_tokens, program_id=program_id if gateway else None,
                              thread_id=thread, priority=priority,
-                             service=entry.service if gateway else None, wait=entry.waiting if gateway else None)
+                             service=entry.service if gateway else None, wait=entry.waiting if gateway else None,
+                             output=output)
         engine = self.engines[route.engine]
         # in flight from the routing decision on, as the gateway counts: calls routed
         # at the same moment see each other's load
@@ -241,17 +258,22 @@ class SimLLM:
         self._stat.calls += 1
         self._inflight += 1
         self._stat.max_parallel = max(self._stat.max_parallel, self._inflight)
+        # One ASCII byte per token, unique to the call (replies never share blocks by accident).
+        # The engine is told these tokens, as vLLM knows the tokens it generated: full
+        # blocks of them stay in the prefix cache, so a preempted call recomputes only
+        # what the cache lost, as in vLLM V1.
+        tag = f"[{self._stat.program_id}:{next(self._replies)}]"
+        reply = (tag * (max_tokens // len(tag) + 1))[:max_tokens]
         try:
-            outcome = await self._gateway.call(self._stat.program_id, thread, render(messages), max_tokens, call)
+            outcome = await self._gateway.call(self._stat.program_id, thread, render(messages), max_tokens, call,
+                                               output=reply.encode(), generated=self._stat.tokens)
         finally:
             self._inflight -= 1
             call.finished = loop.time()
         call.prompt_tokens, call.completion_tokens = outcome.prompt_tokens, outcome.output_tokens
         call.queue_s = outcome.queue_time
         self._stat.tokens += outcome.output_tokens
-        # One ASCII byte per token, unique to the call (replies never share blocks by accident).
-        tag = f"[{self._stat.program_id}:{next(self._replies)}]"
-        return (tag * (max_tokens // len(tag) + 1))[:max_tokens]
+        return reply
 
     async def tool(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -1,7 +1,9 @@
-"""``autellix sim sweep``: the paper's Figure 12 and Figures 14/15 in simulation.
+"""``autellix sim sweep``: the paper's Figure 12 and Figures 14/15 in simulation,
+and issue 15's check.
 
-Figure 12: one engine, four workloads, four systems (``vllm``: FCFS, no prefix
-cache, no chunked prefill; ``vllm-opt``: FCFS with both; ``mlfq``; ``autellix``),
+Figure 12: one engine, five workloads, the systems (``vllm``: FCFS, no prefix
+cache, no chunked prefill; ``vllm-opt``: FCFS with both; ``client-plas``;
+``mlfq``; ``plas``; ``autellix``),
 mean program token latency against arrival rate, and each system's sustained
 rate under a latency bound (``autellix.bench.sweep.sustained_rates``: the
 throughput ratio at equal latency that the paper reports).
@@ -9,6 +11,10 @@ throughput ratio at equal latency that the paper reports).
 Figures 14/15: ``autellix`` on 1, 2, 4 and 8 engines behind each balancer
 (round robin, least used, Algorithm 2); rates scale with the engine count, and
 the sustained rate per engine count shows how throughput grows.
+
+Check (issue 15): every workload at 32 and 256 slots, three seeds, the rates of
+``CHECK_LOADS``: autellix's mean at most ``CHECK_MEAN_FACTOR`` x the best of
+vllm-opt, plas and client-plas, its P99 at most vllm-opt's (``check_point``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +33,7 @@ from autellix.core import SchedulerConfig
 from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs, speed_stats
 
-FIGURE12_SYSTEMS = ("vllm", "vllm-opt", "mlfq", "autellix")
+FIGURE12_SYSTEMS = ("vllm", "vllm-opt", "client-plas", "mlfq", "plas", "autellix")
 BALANCERS = {"round_robin": "round robin", "least_used": "least used", "autellix": "Algorithm 2"}
 
 
@@ -51,7 +58,29 @@ A100_LOADS: dict[str, Load] = {
     "bfcl": Load((0.5, 1.0, 2.0, 3.0, 4.0, 6.0), 120.0),
     "lats": Load((0.05, 0.1, 0.2, 0.4, 0.6, 0.8), 200.0, min_programs=10),
     "mixed": Load((0.1, 0.2, 0.4, 0.8, 1.2, 1.6), 200.0),
+    "fanout": Load((0.25, 0.5, 1.0, 2.0, 3.0, 4.0), 120.0),
 }
+
+#: The issue's check (``check``): per slot count, rates from unloaded to past
+#: saturation of the best system, sized so that 5 workloads x 4 systems x 3
+#: seeds x 4 rates x 2 slot counts run in about 15 minutes on two cores.
+CHECK_LOADS: dict[int, dict[str, Load]] = {
+    32: {"sharegpt": Load((0.5, 1.0, 2.0, 3.0), 60.0),
+         "bfcl": Load((1.0, 2.0, 4.0, 6.0), 60.0),
+         "lats": Load((0.1, 0.2, 0.4, 0.6), 100.0, min_programs=10),
+         "mixed": Load((0.2, 0.4, 0.8, 1.2), 100.0),
+         "fanout": Load((0.25, 0.5, 1.0, 2.0), 60.0)},
+    256: {"sharegpt": Load((0.5, 1.0, 2.0, 3.0), 60.0),
+          "bfcl": Load((1.0, 2.0, 4.0, 8.0), 60.0),
+          "lats": Load((0.1, 0.2, 0.4, 0.8), 100.0, min_programs=10),
+          "mixed": Load((0.2, 0.4, 0.8, 1.6), 100.0),
+          "fanout": Load((0.5, 1.0, 2.0, 4.0), 60.0)},
+}
+CHECK_SYSTEMS = ("vllm-opt", "client-plas", "plas", "autellix")
+#: autellix's mean may be at most this times the best other system's ...
+CHECK_MEAN_FACTOR = 1.05
+#: ... of these (and its P99 at most vllm-opt's).
+CHECK_RIVALS = ("vllm-opt", "plas", "client-plas")
 
 #: Per-engine rates of the multi-engine sweep (multiplied by the engine count).
 MULTI_LOADS: dict[str, Load] = {
@@ -67,6 +96,124 @@ def _run(workload: str, load: Load, rate: float, *, profile: EngineProfile, syst
     run = simulate_programs(programs, profile=profile, system=system, rate=rate, seed=seed + index,
                             engines=engines, config=config)
     return sim_summary(run) | {"simulator": speed_stats(run)}
+
+
+def _check_task(task: tuple[str, str, int, float, int, str, int]) -> tuple[tuple[str, int, int, str, str], Any]:
+    profile_name, workload, slots, rate, index, system, seed = task
+    profile = EngineProfile.load(profile_name).with_overrides(max_num_seqs=slots)
+    load = CHECK_LOADS[slots][workload]
+    started = time.perf_counter()
+    # the defaults, or what AUTELLIX_* set (the systems behind a gateway run with them)
+    summary = _run(workload, load, rate, profile=profile, system=system, engines=1, config=SchedulerConfig.from_env(),
+                   seed=seed, index=index)
+    summary["simulator"]["task_seconds"] = time.perf_counter() - started
+    return (workload, slots, seed, str(rate), system), summary
+
+
+def check_point(by_system: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's check at one point: autellix's mean at most ``CHECK_MEAN_FACTOR``
+    x the best of ``CHECK_RIVALS`` that ran, and its P99 at most vllm-opt's."""
+    ours = by_system["autellix"]
+    rivals = {name: by_system[name]["mean_token_latency"] for name in CHECK_RIVALS if name in by_system}
+    best = min(rivals, key=rivals.__getitem__)
+    mean_ratio = ours["mean_token_latency"] / rivals[best]
+    p99_ratio = ours["p99_token_latency"] / by_system["vllm-opt"]["p99_token_latency"]
+    return {"best_rival": best, "mean_vs_best": mean_ratio, "p99_vs_vllm_opt": p99_ratio,
+            "mean_ok": mean_ratio <= CHECK_MEAN_FACTOR, "p99_ok": p99_ratio <= 1.0,
+            "passed": mean_ratio <= CHECK_MEAN_FACTOR and p99_ratio <= 1.0,
+            "mean_vs_client_plas": (ours["mean_token_latency"] / by_system["client-plas"]["mean_token_latency"]
+                                    if "client-plas" in by_system else None),
+            "p99_vs_client_plas": (ours["p99_token_latency"] / by_system["client-plas"]["p99_token_latency"]
+                                   if "client-plas" in by_system else None)}
+
+
+def check(profile_name: str, *, slots: Sequence[int] = (32, 256), workloads: Sequence[str] = ("sharegpt", "bfcl",
+          "lats", "mixed", "fanout"), seeds: Sequence[int] = (1, 2, 3), systems: Sequence[str] = CHECK_SYSTEMS,
+          jobs: int = 2, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every workload, slot count, seed and rate of ``CHECK_LOADS``, every system,
+    on ``jobs`` processes; each point checked by ``check_point``."""
+    tasks = [(profile_name, w, n, rate, i, system, seed) for n in slots for w in workloads for seed in seeds
+             for i, rate in enumerate(CHECK_LOADS[n][w].rates) for system in systems]
+    results: dict[tuple[str, int, int, str, str], Any] = {}
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key, summary in pool.map(_check_task, tasks):
+            results[key] = summary
+            progress(f"check {key[0]} {key[1]} slots seed {key[2]} @ {key[3]}/s {key[4]}: mean "
+                     f"{1e3 * summary['mean_token_latency']:.1f} ms/token, P99 "
+                     f"{1e3 * summary['p99_token_latency']:.1f} ({len(results)}/{len(tasks)}, "
+                     f"{time.perf_counter() - started:.0f} s)")
+    out: dict[str, Any] = {"profile": profile_name, "systems": list(systems), "seeds": list(seeds),
+                           "scheduler": SchedulerConfig.from_env().to_mapping(),
+                           "mean_factor": CHECK_MEAN_FACTOR, "rivals": list(CHECK_RIVALS), "slots": {}}
+    for n in slots:
+        by_workload: dict[str, Any] = {}
+        for w in workloads:
+            load = CHECK_LOADS[n][w]
+            points = []
+            for seed in seeds:
+                for rate in load.rates:
+                    by_system = {s: results[(w, n, seed, str(rate), s)] for s in systems}
+                    row = {"seed": seed, "rate": rate, "programs": load.programs_at(rate),
+                           "results": by_system}
+                    if "autellix" in by_system and "vllm-opt" in by_system:
+                        row["check"] = check_point(by_system)
+                    points.append(row)
+            by_workload[w] = {"rates": list(load.rates), "points": points}
+        out["slots"][str(n)] = by_workload
+    out["wall_seconds"] = time.perf_counter() - started
+    return out
+
+
+def check_table(report: dict[str, Any]) -> list[str]:
+    """Markdown rows: per slot count, workload and rate, the means over seeds and the checks passed."""
+    lines = ["| slots | workload | rate | " + " | ".join(f"{s} mean" for s in report["systems"])
+             + " | autellix P99 / vllm-opt | mean / best | passed |",
+             "|---" * (len(report["systems"]) + 6) + "|"]
+    for n, by_workload in report["slots"].items():
+        for w, data in by_workload.items():
+            for rate in data["rates"]:
+                rows = [p for p in data["points"] if p["rate"] == rate]
+                means = [sum(p["results"][s]["mean_token_latency"] for p in rows) / len(rows)
+                         for s in report["systems"]]
+                checks = [p["check"] for p in rows if "check" in p]
+                worst_p99 = max(c["p99_vs_vllm_opt"] for c in checks) if checks else float("nan")
+                worst_mean = max(c["mean_vs_best"] for c in checks) if checks else float("nan")
+                passed = sum(c["passed"] for c in checks)
+                lines.append(f"| {n} | {w} | {rate} | " + " | ".join(f"{1e3 * m:.1f}" for m in means)
+                             + f" | {worst_p99:.2f} | {worst_mean:.3f} | {passed}/{len(checks)} |")
+    return lines
+
+
+def plot_check(report: dict[str, Any], out_dir: Path) -> Path:
+    """Mean and P99 program token latency against rate, per slot count and
+    workload, each system's mean over the seeds: ``sim-check.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [(n, w, data) for n, by_workload in report["slots"].items() for w, data in by_workload.items()]
+    fig, axes = plt.subplots(2, len(cells), figsize=(2.9 * len(cells), 5.6), squeeze=False)
+    for col, (n, w, data) in enumerate(cells):
+        for row, key in enumerate(("mean_token_latency", "p99_token_latency")):
+            ax = axes[row][col]
+            for system in report["systems"]:
+                values = []
+                for rate in data["rates"]:
+                    points = [p for p in data["points"] if p["rate"] == rate]
+                    values.append(1e3 * sum(p["results"][system][key] for p in points) / len(points))
+                ax.plot(data["rates"], values, marker="o", markersize=3, label=system)
+            ax.set(title=f"{w}, {n} slots" if row == 0 else "", yscale="log",
+                   xlabel="programs/s" if row == 1 else "",
+                   ylabel=("mean" if row == 0 else "P99") + " ms/token" if col == 0 else "")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"issue 15 check ({report['profile']}): mean over seeds {report['seeds']}")
+    fig.tight_layout()
+    path = out_dir / "sim-check.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def figure12(profile: EngineProfile, *, workloads: Sequence[str] = tuple(A100_LOADS),

@@ -1,9 +1,28 @@
-"""ATLAS: attained service along a program's critical path, for DAG programs.
+"""ATLAS, width-aware: programs ranked by all the engine time they took, calls
+of one program in the order of its critical path.
 
-Each call inherits its program's value at arrival; on completion the program
-keeps the longest path seen: ``max(service, inherited + model_time)``. Parallel
-siblings do not add up (as they would under PLAS), so a wide program is not
-pushed down for its width, and all its active calls share one priority.
+The paper's ATLAS charges a program only its critical path: a finished call
+sets ``service = max(service, inherited + model_time)``, so parallel siblings
+do not add up. That lets width buy priority: a program that runs 8 calls at
+once is charged as if it ran one, keeps its place in the top queues while it
+takes 8 times the engine, and single-threaded programs wait behind it (issue
+15 measured ATLAS 2.4-3x worse than a client-side PLAS on a multi-agent mix;
+the simulator shows the same, ``docs/scheduling.md``).
+
+Here a program's priority against other programs is its total attained service
+(the sum of its calls' model time, what PLAS charges): the engine time all its
+parallel calls took. ATLAS's two points survive:
+
+* **Calls of one program go in critical-path order.** The process table keeps
+  the critical path as well (``ProgramEntry.critical_path``, updated by the
+  paper's rule) and each call inherits it at arrival; the path only grows, so
+  a program's waiting calls, which share one queue (the one its priority
+  selects), run FCFS, i.e. in order of the critical path they extend.
+* **A wide program is not starved.** Its waiting calls all share the
+  program's one priority (no straggler is left behind its siblings), and
+  anti-starvation compares the program's summed wait with its summed service,
+  the same units, so a wide program is promoted as soon as a narrow one with
+  the same wait-to-service ratio would be.
 """
 
 from __future__ import annotations
@@ -17,7 +36,8 @@ class ATLAS:
     places_by_priority = True
 
     def attained_service(self, service: float, inherited: float, model_time: float) -> float:
-        return max(service, inherited + model_time)
+        # total engine time: width is charged (the critical path is the process table's)
+        return service + model_time
 
     def queues(self, config: SchedulerConfig) -> QueueSpec:
         return QueueSpec.from_config(config)

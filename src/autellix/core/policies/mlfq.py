@@ -12,6 +12,9 @@ import math
 from autellix.core.config import SchedulerConfig
 from autellix.core.mlq import QueueSpec
 
+#: Steps in Q1 of classic MLFQ when the configuration leaves quanta unbounded.
+CLASSIC_FIRST_QUANTUM = 64
+
 
 class MLFQ:
     name = "mlfq"
@@ -21,4 +24,9 @@ class MLFQ:
         return service + model_time
 
     def queues(self, config: SchedulerConfig) -> QueueSpec:
-        return QueueSpec(boundaries=config.boundaries, quanta=config.quanta, beta=math.inf)
+        quanta = config.quanta
+        if all(math.isinf(q) for q in quanta):
+            # Classic MLFQ is demotion by quanta; without any it would be FCFS. With
+            # the default unbounded quanta it takes doubling ones from 64 steps.
+            quanta = (*(float(CLASSIC_FIRST_QUANTUM * 2**i) for i in range(len(quanta) - 1)), math.inf)
+        return QueueSpec(boundaries=config.boundaries, quanta=quanta, beta=math.inf)
