@@ -13,7 +13,7 @@ in front of all N (a per-node snapshot each). Then, with
 Calls carry no session header (one-call programs), so Envoy has no program key
 and spreads them over the N replicas: the N-replica rows show what more
 replicas buy on this machine, not a program's path. ``--with-store`` adds one
-gateway on the shared program store (``python -m autellix.mesh.replica`` on a
+gateway on the shared program store (``autellix gateway --store`` on a
 local redis-server): a one-call program is opened and ended in Redis, two round
 trips per call, its worst case.
 
@@ -98,7 +98,7 @@ def main() -> None:
         if args.with_store:
             store = stack.enter_context(LocalRedis(procs.logdir / "redis.log"))
             store_port = free_ports(1)[0]
-            procs.start("gateway-store", [sys.executable, "-m", "autellix.mesh.replica", "--port", str(store_port),
+            procs.start("gateway-store", [sys.executable, "-m", "autellix", "gateway", "--port", str(store_port),
                                           "--engine", engine, "--store", store.url])
         plane.start()
         layouts = {"envoy-one": (one_port, gateways[:1]), "envoy-many": (many_port, gateways)}

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from autellix.child_processes import free_port, gateway_process
 from autellix.engine.launch import EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import default_model_dir
-from autellix.gateway.process import free_port, gateway_process
 
 MODEL = "tiny-llama"
 

@@ -62,11 +62,24 @@ def autellix_process(args: list[str], port: int, *, ready_path: str = "/health",
             proc.kill()
 
 
+#: Gateway base URL -> its admin listener's, for the gateways ``gateway_process`` started.
+ADMIN_URLS: dict[str, str] = {}
+
+
+def admin_url(base: str) -> str:
+    """The admin listener of a gateway ``gateway_process`` started (admin routes are never on ``base``)."""
+    return ADMIN_URLS[base]
+
+
 def gateway_process(engine_urls: list[str], *args: str, env: dict[str, str] | None = None,
                     log_path: Path | None = None, timeout: float = 60.0) -> contextlib.AbstractContextManager[str]:
-    """``autellix gateway`` in front of ``engine_urls``; yields its base URL once ``/ready`` answers 200."""
-    port = free_port()
+    """``autellix gateway`` in front of ``engine_urls``; yields its base URL once ``/ready`` answers 200.
+    Its admin listener (loopback, no key) is on a free port: ``admin_url(base)``."""
+    port, admin_port = free_ports(2)
     cmd = ["gateway", "--port", str(port), *args]
+    if "--admin-port" not in args:
+        cmd += ["--admin-port", str(admin_port)]
+        ADMIN_URLS[f"http://127.0.0.1:{port}"] = f"http://127.0.0.1:{admin_port}"
     for url in engine_urls:
         cmd += ["--engine", url]
     return autellix_process(cmd, port, ready_path="/ready", env=env, log_path=log_path, timeout=timeout)

@@ -6,13 +6,24 @@ command so ``autellix --help`` is instant.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from autellix.backends import BACKENDS, DEFAULT_BACKEND
+from autellix.core.config import BALANCERS, POLICIES
+
 app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+def _one_of(names: Iterable[str]) -> str:
+    """A registry's names for help text: "a, b or c" (registered once, never typed here)."""
+    listed = list(names)
+    return ", ".join(listed[:-1]) + " or " + listed[-1] if len(listed) > 1 else "".join(listed)
 
 
 class OutputFormat(enum.StrEnum):
@@ -38,7 +49,8 @@ app.add_typer(sim_app, name="sim")
 def sim(
     ctx: typer.Context,
     workload: Annotated[str, typer.Option(
-        help="Unit steps: figure2, figure9, random; with --engine-profile: sharegpt, bfcl, lats, mixed")] = "figure2",
+        help="Unit steps: figure2, figure9, random; with --engine-profile: sharegpt, bfcl, lats, fanout, mixed")] = (
+        "figure2"),
     batch_size: Annotated[int, typer.Option(min=1, help="Calls per batch step")] = 2,
     policies: Annotated[str, typer.Option(help="Comma-separated: fcfs,mlfq,plas,atlas")] = "fcfs,mlfq,plas,atlas",
     seed: Annotated[int, typer.Option(help="Seed of the random workload")] = 0,
@@ -52,7 +64,7 @@ def sim(
     engine_profile: Annotated[str | None, typer.Option(
         help="Simulate agent programs on engines of this profile (a bundled name or a JSON path)")] = None,
     system: Annotated[str, typer.Option(help="With --engine-profile, comma-separated: vllm, vllm-opt, "
-                                        "vllm-priority, mlfq, plas, autellix")] = "autellix",
+                                        "vllm-priority, client-plas, mlfq, plas, autellix")] = "autellix",
     engines: Annotated[int, typer.Option(min=1, help="With --engine-profile: engines behind the balancer")] = 1,
     balancer: Annotated[str | None, typer.Option(
         help="algorithm2 (autellix), least_used or round_robin (default: $AUTELLIX_BALANCER)")] = None,
@@ -98,9 +110,14 @@ def sim(
 def sim_sweep(
     engine_profile: Annotated[str, typer.Option(help="Engine profile (bundled name or JSON path)")] = (
         "a100-llama3.1-8b"),
-    figures: Annotated[str, typer.Option(help="Comma-separated: 12 (systems), 14 (engines x balancers)")] = "12,14",
+    figures: Annotated[str, typer.Option(help="Comma-separated: 12 (systems), 14 (engines x balancers), check "
+                                         "(issue 15: autellix vs vllm-opt, plas, client-plas; all workloads, "
+                                         "--slots, --seeds)")] = "12,14",
+    slots: Annotated[str, typer.Option(help="check: comma-separated running-call slots")] = "32,256",
+    seeds: Annotated[str, typer.Option(help="check: comma-separated seeds")] = "1,2,3",
+    jobs: Annotated[int, typer.Option(min=1, help="check: simulations run in parallel processes")] = 2,
     workloads: Annotated[str | None, typer.Option(
-        help="Comma-separated workloads (default: all four for 12, sharegpt and lats for 14)")] = None,
+        help="Comma-separated workloads (default: all five for 12 and check, sharegpt and lats for 14)")] = None,
     engines: Annotated[str, typer.Option(help="Figure 14: comma-separated engine counts")] = "1,2,4,8",
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
     max_num_seqs: Annotated[int | None, typer.Option(min=1, help="Override the profile's running-call slots")] = None,
@@ -114,8 +131,34 @@ def sim_sweep(
     from autellix.sim.sweep import A100_LOADS, MULTI_LOADS, figure12, figure14, write_report
 
     chosen = {f.strip() for f in figures.split(",") if f.strip()}
-    if not chosen or not chosen <= {"12", "14"}:
-        raise _fail(f"--figures: expected 12 and/or 14, got {figures!r}")
+    if not chosen or not chosen <= {"12", "14", "check"}:
+        raise _fail(f"--figures: expected 12, 14 and/or check, got {figures!r}")
+    if "check" in chosen:
+        import json
+
+        from autellix.sim.sweep import CHECK_LOADS, check, check_table, plot_check
+
+        try:
+            slot_list = [int(n) for n in slots.split(",") if n.strip()]
+            seed_list = [int(n) for n in seeds.split(",") if n.strip()]
+        except ValueError:
+            raise _fail("--slots and --seeds: expected comma-separated integers") from None
+        if not set(slot_list) <= set(CHECK_LOADS):
+            raise _fail(f"--slots: the check has loads for {', '.join(map(str, CHECK_LOADS))} slots")
+        names = [w.strip() for w in workloads.split(",") if w.strip()] if workloads else list(CHECK_LOADS[32])
+        unknown = [w for w in names if w not in CHECK_LOADS[32]]
+        if unknown:
+            raise _fail(f"unknown workload(s) {unknown}; expected some of {', '.join(CHECK_LOADS[32])}")
+        report = check(engine_profile, slots=slot_list, workloads=names, seeds=seed_list, jobs=jobs,
+                       progress=lambda line: typer.echo(line, err=True))
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "sim-check.json"
+        path.write_text(json.dumps(report, indent=2, default=str))
+        typer.echo("\n".join(check_table(report)))
+        typer.echo(f"wrote {path}\nwrote {plot_check(report, out)}")
+        chosen.discard("check")
+        if not chosen:
+            return
     names = [w.strip() for w in workloads.split(",") if w.strip()] if workloads else None
     try:
         profile = EngineProfile.load(engine_profile).with_overrides(max_num_seqs=max_num_seqs)
@@ -192,10 +235,10 @@ def _sim_programs(profile_name: str, *, workload: str, programs: int, rate: floa
                   quanta: str | None = None) -> None:
     import json
 
-    from autellix.bench.programs import make_programs
     from autellix.core import ConfigError, SchedulerConfig
     from autellix.sim.engine_model import EngineProfile
     from autellix.sim.serving import SYSTEMS, balancer_name, sim_summary, simulate_programs, speed_stats
+    from autellix.workloads import make_programs
 
     names = [s.strip() for s in systems.split(",") if s.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
@@ -264,19 +307,60 @@ def gateway(
         help="kubernetes: name of the engines' HTTP port (8000 when a slice has none of that name)")] = "http",
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
-    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
+    policy: Annotated[str | None, typer.Option(help=f"{_one_of(POLICIES)} (default: $AUTELLIX_POLICY)")] = None,
     beta: Annotated[float | None, typer.Option(help="Anti-starvation ratio")] = None,
-    balancer: Annotated[str | None, typer.Option(help="autellix, least_used or round_robin")] = None,
+    balancer: Annotated[str | None, typer.Option(help=f"{_one_of(BALANCERS)} (default: $AUTELLIX_BALANCER)")] = None,
+    backend: Annotated[str, typer.Option(help=f"The engines' kind: {_one_of(BACKENDS)}")] = DEFAULT_BACKEND,
     tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json for exact prompt lengths")] = None,
-    api_keys_file: Annotated[Path | None, typer.Option(help="File of API keys, one per line")] = None,
+    api_keys_file: Annotated[Path | None, typer.Option(
+        help="Tenants' keys: a file ('KEY' or 'TENANT KEY' per line) or a mounted Secret's directory "
+             "(data key = tenant); also $AUTELLIX_API_KEYS")] = None,
+    allow_anonymous: Annotated[bool, typer.Option(
+        help="Serve beyond loopback without tenant keys (refused otherwise)")] = False,
+    admin_port: Annotated[int | None, typer.Option(
+        min=0, help="The admin listener's port (engines, drain, calls, sessions for tenants); none without")] = None,
+    admin_host: Annotated[str, typer.Option(help="The admin listener's address")] = "127.0.0.1",
+    admin_keys_file: Annotated[Path | None, typer.Option(
+        help="Admin keys (file or Secret directory); also $AUTELLIX_ADMIN_KEYS; needed beyond loopback")] = None,
+    tenant_max_concurrent: Annotated[int | None, typer.Option(min=1, help="Calls one tenant may run at once")] = None,
+    tenant_max_queued: Annotated[int, typer.Option(min=0, help="Calls one tenant may queue beyond those")] = 0,
+    tenant_queue_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a queued call waits, then 429")] = 30.0,
+    tenant_rpm: Annotated[float | None, typer.Option(min=0.001, help="Requests per minute per tenant")] = None,
+    tenant_tpm: Annotated[float | None, typer.Option(
+        min=1, help="Tokens (prompt + output) a minute, per tenant")] = None,
+    tenant_max_sessions: Annotated[int | None, typer.Option(min=1, help="Live sessions per tenant")] = None,
+    tenant_concurrency: Annotated[list[str] | None, typer.Option(
+        help="TENANT=N: that tenant's own concurrent-call limit (repeatable)")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest accepted request body")] = 4 * 1024 * 1024,
+    max_n: Annotated[int, typer.Option(min=1, help="Largest 'n' a call may ask for")] = 16,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Largest 'max_tokens' a call may ask for")] = 32_768,
     stream_header_timeout: Annotated[float, typer.Option(
         min=0.1, help="Seconds an engine has to start answering a streamed call before it moves to another")] = 30.0,
+    connect_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to connect to an engine")] = 5.0,
+    whole_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds an engine has to answer a whole (non-streamed) call")] = 600.0,
+    idle_read_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a stream may stay silent between two chunks")] = 120.0,
+    attempt_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds one attempt at an engine may take")] = (
+        1800.0),
+    write_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a client may read nothing of its stream before its call is given up")] = 60.0,
+    store: Annotated[str | None, typer.Option(
+        envvar="AUTELLIX_STORE", help="Shared program store of gateway replicas, redis://HOST:PORT/DB "
+                                      "(programs and engine drains); default: in memory")] = None,
+    shutdown_grace: Annotated[float, typer.Option(
+        min=0, help="SIGTERM: seconds for calls and streams in flight to finish (not ready meanwhile)")] = 30.0,
+    replica_name: Annotated[str | None, typer.Option(
+        envvar="AUTELLIX_REPLICA_NAME", help="This replica's label in /metrics (default: HOSTNAME:PORT)")] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of running engines."""
+    from autellix.control.keys import KeysError
+    from autellix.control.limits import TenantLimits
     from autellix.gateway.app import GatewayConfig
-    from autellix.gateway.serve import serve
+    from autellix.gateway.serve import ExposedError, serve
 
+    if backend not in BACKENDS:
+        raise _fail(f"unknown engine backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     engines = list(engine or [])
     source = None
     if discovery is DiscoveryKind.static and not engines:
@@ -287,22 +371,43 @@ def gateway(
         from autellix.gateway.kube_discovery import KubeDiscovery
 
         source = KubeDiscovery(engine_selector, namespace or None, port_name=engine_port_name)
+    limits = TenantLimits(max_concurrent=tenant_max_concurrent, max_queued=tenant_max_queued,
+                          queue_timeout_s=tenant_queue_timeout, requests_per_minute=tenant_rpm,
+                          tokens_per_minute=tenant_tpm, max_sessions=tenant_max_sessions)
+    per_tenant = {}
+    for item in tenant_concurrency or []:
+        name, _, count = item.partition("=")
+        if not name or not count.isdigit() or int(count) < 1:
+            raise _fail(f"--tenant-concurrency: expected TENANT=N (N >= 1), got {item!r}")
+        per_tenant[name] = dataclasses.replace(limits, max_concurrent=int(count))
     config = GatewayConfig(engines=engines, scheduler=_scheduler_config(policy, beta, balancer),
                            tokenizer=tokenizer, api_keys_file=api_keys_file, max_body_bytes=max_body_bytes,
-                           discovery=source, stream_header_timeout=stream_header_timeout)
-    serve(config, host, port)
+                           discovery=source, stream_header_timeout=stream_header_timeout, backend=backend,
+                           allow_anonymous=allow_anonymous, admin_port=admin_port, admin_host=admin_host,
+                           admin_keys_file=admin_keys_file, tenant_limits=limits, per_tenant_limits=per_tenant,
+                           max_n=max_n,
+                           max_tokens=max_tokens, connect_timeout=connect_timeout, whole_timeout=whole_timeout,
+                           idle_read_timeout=idle_read_timeout, attempt_timeout=attempt_timeout,
+                           write_timeout=write_timeout)
+    try:
+        serve(config, host, port, store_url=store, shutdown_grace=shutdown_grace, replica=replica_name)
+    except (ExposedError, KeysError, ValueError) as exc:
+        raise _fail(str(exc)) from None
 
 
 @app.command()
 def up(
     port: Annotated[int, typer.Option(help="Gateway port")] = 8000,
     engines: Annotated[int, typer.Option(min=1, help="Local vLLM engines to start")] = 1,
-    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs")] = None,
+    policy: Annotated[str | None, typer.Option(help=_one_of(POLICIES))] = None,
     scheduler: Annotated[str, typer.Option(help="Engine scheduler: autellix, vllm-priority or fcfs")] = "autellix",
     engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vLLM argument (repeatable)")] = (
         None
     ),
     engine_port: Annotated[int, typer.Option(help="First engine port")] = 8100,
+    gateways: Annotated[int, typer.Option(min=1, help="Gateway replicas; over 1: behind Envoy on --port")] = 1,
+    store: Annotated[str | None, typer.Option(
+        help="Gateways > 1: Redis URL of the shared program store (default: a local redis-server)")] = None,
 ) -> None:
     """The embedded default: local vLLM engines (tiny model) plus the gateway."""
     from autellix.engine.launch import SCHEDULERS
@@ -311,7 +416,8 @@ def up(
     if scheduler not in SCHEDULERS:
         raise _fail(f"unknown engine scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
     run_local(port=port, engines=engines, scheduler_config=_scheduler_config(policy, None, None),
-              engine_scheduler=scheduler, engine_args=list(engine_arg or []), first_engine_port=engine_port)
+              engine_scheduler=scheduler, engine_args=list(engine_arg or []), first_engine_port=engine_port,
+              gateways=gateways, store=store)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -321,7 +427,7 @@ def engine(
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8100,
     scheduler: Annotated[str, typer.Option(help="autellix, vllm-priority or fcfs")] = "autellix",
-    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
+    policy: Annotated[str | None, typer.Option(help=f"{_one_of(POLICIES)} (default: $AUTELLIX_POLICY)")] = None,
     beta: Annotated[float | None, typer.Option(help="Anti-starvation ratio")] = None,
     quanta: Annotated[str | None, typer.Option(help="Steps per queue, e.g. 64,128,256,512,inf")] = None,
     boundaries: Annotated[str | None, typer.Option(help="Queue boundaries in seconds of service")] = None,
@@ -329,7 +435,13 @@ def engine(
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Tiny model: running calls per batch")] = 64,
 ) -> None:
     """Run one vLLM OpenAI server with Autellix's scheduler. Arguments after the
-    options (or after --) go to vLLM unchanged."""
+    options (or after --) go to vLLM unchanged. `autellix engine drain-wait
+    [--url URL] [--interval S] [--timeout S]`: wait until the engine holds no
+    call (the engine pod's preStop hook, autellix.backends.drain)."""
+    if ctx.args[:1] == ["drain-wait"]:
+        from autellix.backends.drain import main as drain_wait
+
+        raise typer.Exit(drain_wait(ctx.args[1:], default_url=f"http://{host}:{port}"))
     import os
 
     from autellix.core import ConfigError, SchedulerConfig
@@ -359,12 +471,35 @@ def operator(
         "http://autellix-gateway"),
     gateway_api_key: Annotated[str | None, typer.Option(envvar="AUTELLIX_GATEWAY_API_KEY",
                                                         help="API key for the gateway, if it needs one")] = None,
+    gateway_admin_url: Annotated[str | None, typer.Option(
+        envvar="AUTELLIX_GATEWAY_ADMIN_URL",
+        help="The gateway's admin listener: drains and AgentProgram sessions on a tenant's behalf")] = None,
+    gateway_admin_key: Annotated[str | None, typer.Option(envvar="AUTELLIX_GATEWAY_ADMIN_KEY",
+                                                          help="Admin key for the admin listener")] = None,
+    engine_token_secret: Annotated[str | None, typer.Option(
+        help="Secret (data key 'token') engines take calls with: only the gateway, which shares it")] = None,
     namespace: Annotated[list[str] | None, typer.Option(
         "--namespace", help="Namespace to serve (repeatable; default: the whole cluster)")] = None,
     autoscale_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between autoscaler decisions")] = 15.0,
     program_poll_interval: Annotated[float, typer.Option(min=0.1, help="Seconds between session reads")] = 5.0,
     liveness: Annotated[str | None, typer.Option(
         help="Serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")] = None,
+    leader_lease: Annotated[str | None, typer.Option(
+        help="NAMESPACE/NAME of a Lease: reconcile only while holding it (several replicas)")] = None,
+    identity: Annotated[str | None, typer.Option(envvar="POD_NAME",
+                                                 help="This replica's name in the Lease (default the host)")] = None,
+    engine_image: Annotated[str | None, typer.Option(help="Engine image when a spec names none")] = None,
+    inference_pool: Annotated[bool, typer.Option(help="Also an InferencePool per AutellixEngine")] = False,
+    xds_port: Annotated[int | None, typer.Option(
+        min=0, max=65535, help="Serve Envoy's xDS (ADS) on this port, from the gateway Service's EndpointSlices "
+                                "(docs/cluster.md); none without")] = None,
+    xds_gateway_service: Annotated[str, typer.Option(
+        help="xDS: the gateway Service whose ready pods are Envoy's replicas")] = "autellix-gateway",
+    xds_namespace: Annotated[str | None, typer.Option(
+        envvar="POD_NAMESPACE", help="xDS: the gateway Service's namespace (default: the operator's own)")] = None,
+    xds_listen_port: Annotated[int, typer.Option(
+        min=1, max=65535, help="xDS: the port Envoy serves the OpenAI API on")] = 8000,
+    xds_listen_host: Annotated[str, typer.Option(help="xDS: the address Envoy serves it on")] = "0.0.0.0",
     verbose: Annotated[bool, typer.Option(help="Debug logging")] = False,
 ) -> None:
     """The Kubernetes operator: AutellixEngine -> engine Deployment + Service (autoscaled),
@@ -379,14 +514,41 @@ def operator(
     if not gateway_url.startswith(("http://", "https://")):
         raise _fail(f"--gateway-url: expected an http(s) URL, got {gateway_url!r}")
     kopf.configure(verbose=verbose)
+    if gateway_admin_url is not None and not gateway_admin_url.startswith(("http://", "https://")):
+        raise _fail(f"--gateway-admin-url: expected an http(s) URL, got {gateway_admin_url!r}")
     config = OperatorConfig(gateway_url=gateway_url.rstrip("/"), gateway_api_key=gateway_api_key,
-                            autoscale_interval=autoscale_interval, program_poll_interval=program_poll_interval)
+                            gateway_admin_url=gateway_admin_url.rstrip("/") if gateway_admin_url else None,
+                            gateway_admin_key=gateway_admin_key, engine_token_secret=engine_token_secret,
+                            autoscale_interval=autoscale_interval, program_poll_interval=program_poll_interval,
+                            inference_pool=inference_pool, **({"engine_image": engine_image} if engine_image else {}))
+    import socket
+
     from kubernetes_asyncio.config import ConfigException
 
+    from autellix.kube.leader import LeaseConfig
+    from autellix.kube.run import LeadershipLost
+
+    lease = None
+    if leader_lease:
+        lease_namespace, _, lease_name = leader_lease.partition("/")
+        if not lease_namespace or not lease_name:
+            raise _fail(f"--leader-lease: expected NAMESPACE/NAME, got {leader_lease!r}")
+        lease = LeaseConfig(lease_namespace, lease_name, identity or socket.gethostname())
+    operator_run = run_operator(config, namespaces=list(namespace or []), liveness_endpoint=liveness, leader=lease)
+    if xds_port is not None:  # every replica serves xDS, the leader or not (it reads, never writes)
+        from autellix.mesh.kube_source import serve_xds_with
+        from autellix.mesh.resources import MeshSettings
+
+        if not xds_namespace:
+            raise _fail("--xds-port needs --xds-namespace (or $POD_NAMESPACE): where the gateway Service is")
+        envoy_listens = MeshSettings(listen_host=xds_listen_host, listen_port=xds_listen_port)
+        operator_run = serve_xds_with(operator_run, envoy_listens, xds_gateway_service, xds_namespace, port=xds_port)
     try:
-        asyncio.run(run_operator(config, namespaces=list(namespace or []), liveness_endpoint=liveness))
+        asyncio.run(operator_run)
     except ConfigException as exc:
         raise _fail(f"no Kubernetes credentials (in-cluster service account or kubeconfig): {exc}") from None
+    except LeadershipLost as exc:
+        raise _fail(f"{exc}; exiting so the pod restarts as a candidate") from None
 
 
 @app.command()
@@ -445,7 +607,7 @@ app.add_typer(bench_app, name="bench")
 def bench(
     ctx: typer.Context,
     target: Annotated[str, typer.Option(help="Gateway or bare vLLM base URL")] = "http://127.0.0.1:8000",
-    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "bfcl",
+    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats, fanout or mixed")] = "bfcl",
     rate: Annotated[float, typer.Option(help="Program arrivals per second (Poisson)")] = 0.5,
     programs: Annotated[int, typer.Option(min=1, help="Programs to run")] = 50,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
@@ -463,8 +625,9 @@ def bench(
 
     from rich.progress import Progress
 
-    from autellix.bench import make_programs
-    from autellix.bench.runner import run_programs, summarize
+    from autellix.bench.runner import run_programs
+    from autellix.workloads import make_programs
+    from autellix.workloads.metrics import summarize
 
     try:
         batch = make_programs(workload, programs, seed=seed, calibration=calibration)
@@ -492,13 +655,14 @@ def bench(
 
 @bench_app.command("sweep")
 def bench_sweep(
-    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats or mixed")] = "bfcl",
+    workload: Annotated[str, typer.Option(help="sharegpt, bfcl, lats, fanout or mixed")] = "bfcl",
     rates: Annotated[str | None, typer.Option(
         help="Comma-separated arrival rates (programs/s); default: the workload's (bench/sweep.py)")] = None,
     programs: Annotated[int | None, typer.Option(min=1, help="Programs per rate (default: the workload's)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
-    systems: Annotated[str, typer.Option(help="Comma-separated: vllm,vllm-opt,mlfq,autellix")] = (
-        "vllm,vllm-opt,mlfq,autellix"),
+    systems: Annotated[str, typer.Option(
+        help="Comma-separated: vllm, vllm-opt, client-plas, vllm-priority, mlfq, plas, autellix")] = (
+        "vllm,vllm-opt,client-plas,plas,autellix"),
     calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
     stream: Annotated[bool, typer.Option(help="Stream calls (default: whole calls, so the client and the "
                                               "gateway spend CPU per call, not per token, beside the engine)")] = False,
@@ -543,7 +707,8 @@ def bench_sweep(
     for row in report["under_load"]:
         typer.echo(f"at {row['rate']}/s (vllm at {row['vllm_load']:.1f}x its unloaded latency): autellix cuts mean "
                    f"token latency {row['latency_cut_vs_vllm']:.2f}x; its P99 is "
-                   f"{row.get('p99_vs_vllm_opt', float('nan')):.2f}x vllm-opt's")
+                   f"{row.get('p99_vs_vllm_opt', float('nan')):.2f}x vllm-opt's" + "".join(
+                       f"; mean {row[k]:.2f}x {k[8:].replace('_', '-')}'s" for k in row if k.startswith("mean_vs_")))
 
 
 @app.command()
@@ -555,7 +720,7 @@ def emulate(
     profile: Annotated[str, typer.Option(help="Engine profile: a name in autellix/sim/profiles or a JSON path")] = (
         "cpu-tiny"),
     scheduler: Annotated[str, typer.Option(help="autellix, vllm-priority, fcfs or mlfq")] = "autellix",
-    policy: Annotated[str | None, typer.Option(help="atlas, plas, mlfq or fcfs (default: $AUTELLIX_POLICY)")] = None,
+    policy: Annotated[str | None, typer.Option(help=f"{_one_of(POLICIES)} (default: $AUTELLIX_POLICY)")] = None,
     time_scale: Annotated[float, typer.Option(min=0.001, help="Wall seconds per model second (0.1: 10x faster)")] = (
         1.0),
     model: Annotated[str, typer.Option(help="Served model name")] = "emulated",

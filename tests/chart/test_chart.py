@@ -54,6 +54,17 @@ VALUE_SETS: dict[str, list[str]] = {
     "all-namespaces": ["--set", "gateway.discovery.allNamespaces=true"],
     "gpu-engines": ["-f", str(ROOT / "tests" / "chart" / "gpu-values.yaml")],
     "inference-pool": ["--set", "operator.inferencePool=true", "--set", "operator.replicas=3"],
+    "own-secrets-open-network": ["--set", "auth.tenantKeys.existingSecret=team-keys",
+                                 "--set", "auth.adminKeys.existingSecret=admin-keys",
+                                 "--set", "auth.engineToken.existingSecret=engine-token",
+                                 "--set", "networkPolicy.enabled=false"],
+    # Envoy in front of 3 gateway replicas (and an HPA) on the chart's Valkey; tenants limited by NetworkPolicy.
+    "mesh": ["--set", "mesh.enabled=true", "--set", "store.deploy=true", "--set", "gateway.replicas=3",
+             "--set", "gateway.autoscaling.enabled=true",
+             "--set-json", 'networkPolicy.tenantsFrom=[{"namespaceSelector":{"matchLabels":{"team":"a"}}}]'],
+    # ... on an external store whose URL is in a Secret.
+    "mesh-external-store": ["--set", "mesh.enabled=true", "--set", "gateway.replicas=2",
+                            "--set", "store.urlSecret.name=redis-url", "--set", "mesh.envoy.replicas=3"],
     "static-without-operator": ["--set", "gateway.discovery.mode=static", "--set", "operator.enabled=false",
                                 "--set-json", 'gateway.discovery.engines=["http://10.0.0.1:8000","http://e2:8000"]',
                                 "--set", "metrics.annotations=false", "--set", "grafana.dashboard.enabled=false"],
@@ -205,6 +216,10 @@ BAD_VALUES = [
     ("engine name not a DNS label", ["--set-json", 'engines={"Llama_8B":{"model":{}}}'],
      "'Llama_8B' does not match pattern"),
     ("registry with a scheme", ["--set", "imageRegistry=https://registry.example.com"], "/imageRegistry"),
+    ("replicas without a shared store", ["--set", "gateway.replicas=2"], "needs a shared store"),
+    ("mesh without the operator", ["--set", "mesh.enabled=true", "--set", "operator.enabled=false"],
+     "needs operator.enabled"),
+    ("store URL not redis://", ["--set", "store.url=http://redis:6379"], "/store/url"),
     ("quanta and boundaries disagree", ["--set-json", 'scheduler.boundaries=[1,2]', "--set-json",
                                         'scheduler.quanta=[8,16,32,64]'],
      "scheduler.quanta: expected 3 values (one per queue, 2 boundaries), got 4"),
@@ -237,6 +252,12 @@ def test_scheduler_values_become_the_core_config(render: Callable[[str], list[di
     assert not [k for k in env_of(container(render("defaults"), "gateway")) if k.startswith("AUTELLIX_")]
 
 
+#: What every gateway gets: tenants on 8000 with the tenant-keys Secret, the admin listener apart with its own.
+GATEWAY_BASE_ARGS = ["--host=0.0.0.0", "--port=8000", "--api-keys-file=/etc/autellix/tenant-keys",
+                     "--admin-host=0.0.0.0", "--admin-port=9000", "--admin-keys-file=/etc/autellix/admin-keys",
+                     "--shutdown-grace=30"]
+
+
 def command_options(name: str) -> set[str]:
     """The options of ``autellix <name>`` (the image's entry point), from the CLI itself."""
     import typer.main
@@ -258,7 +279,7 @@ def test_gateway_discovers_engines_with_a_read_only_role(render: Callable[[str],
                                                          role_namespace: str | None) -> None:
     docs = render(value_set)
     args = container(docs, "gateway")["args"]
-    assert args == ["--host=0.0.0.0", "--port=8000", "--discovery=kubernetes",
+    assert args == [*GATEWAY_BASE_ARGS, "--discovery=kubernetes",
                     "--engine-selector=app.kubernetes.io/component=engine", "--engine-port-name=http", *expected]
     assert {a.split("=", 1)[0] for a in args} <= command_options("gateway")
     role = one(docs, role_kind, "-gateway")
@@ -275,7 +296,7 @@ def test_gateway_discovers_engines_with_a_read_only_role(render: Callable[[str],
 
 def test_static_engines_need_no_role(render: Callable[[str], list[dict[str, Any]]]) -> None:
     docs = render("static-without-operator")
-    assert container(docs, "gateway")["args"] == ["--host=0.0.0.0", "--port=8000", "--engine=http://10.0.0.1:8000",
+    assert container(docs, "gateway")["args"] == [*GATEWAY_BASE_ARGS, "--engine=http://10.0.0.1:8000",
                                                   "--engine=http://e2:8000"]
     kinds = {d["kind"] for d in docs}
     assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap"}
@@ -294,7 +315,8 @@ def test_gateway_service_is_the_openai_endpoint(render: Callable[[str], list[dic
     # ready = the process answers (it serves once engines arrive): `helm install --wait` needs no engine
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert gateway["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert gateway["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
+                                {"name": "admin", "containerPort": 9000, "protocol": "TCP"}]
     for scrape in (pod["metadata"]["annotations"], service["metadata"]["annotations"]):
         assert scrape == {"prometheus.io/scrape": "true", "prometheus.io/port": "8000",
                                "prometheus.io/path": "/metrics"}
@@ -421,7 +443,9 @@ def image_user() -> int:
 def test_images_run_the_command_the_chart_configures(name: str) -> None:
     text = dockerfile(name)
     assert f'ENTRYPOINT ["autellix", "{name}"]' in text
-    assert re.search(r"pip install .*\[kube\]", text)
+    # kube: discovery / kopf; store: the gateway's --store (Redis); xds: the operator's --xds-port
+    extra = {"gateway": "store", "operator": "xds"}[name]
+    assert re.search(rf"pip install .*\[kube,{extra}\]", text)
     assert not (ROOT / "operator" / "__init__.py").exists()  # would shadow Python's operator module
 
 
@@ -508,3 +532,85 @@ async def test_the_gateway_is_ready_for_kubernetes_before_any_engine() -> None:
             assert health.status == 200
         async with http.get(f"{gateway.url}/ready") as ready:
             assert ready.status == 503
+
+
+# ---- tenants, admin and engines apart -----------------------------------------------
+def test_only_gateways_reach_engines_and_only_the_operator_the_admin_port(
+        render: Callable[[str], list[dict[str, Any]]]) -> None:
+    docs = render("defaults")
+    gateway_pods = one(docs, "Deployment", "-gateway")["spec"]["template"]["metadata"]["labels"]
+    operator_pods = one(docs, "Deployment", "-operator")["spec"]["template"]["metadata"]["labels"]
+    engines = one(docs, "NetworkPolicy", "-engines")
+    assert engines["metadata"]["namespace"] == NAMESPACE
+    # the pods the operator makes for an AutellixEngine
+    engine_pods = parse_engine({"model": {"name": "m", "source": {"hub": "org/m"}}})
+    made = engine_deployment("e", NAMESPACE, "uid", engine_pods)["spec"]["template"]["metadata"]["labels"]
+    assert engines["spec"]["podSelector"]["matchLabels"].items() <= made.items()
+    [rule] = engines["spec"]["ingress"]
+    [peer] = rule["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert peer["podSelector"]["matchLabels"].items() <= gateway_pods.items()
+    assert not peer["podSelector"]["matchLabels"].items() <= operator_pods.items()
+    assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+
+    gateway = one(docs, "NetworkPolicy", "-gateway")
+    tenants, admin = gateway["spec"]["ingress"]
+    assert tenants == {"ports": [{"port": 8000, "protocol": "TCP"}]}  # anyone, on the OpenAI port only
+    assert admin["ports"] == [{"port": 9000, "protocol": "TCP"}]
+    [admin_peer] = admin["from"]
+    assert admin_peer["podSelector"]["matchLabels"].items() <= operator_pods.items()
+    assert not admin_peer["podSelector"]["matchLabels"].items() <= gateway_pods.items()
+
+    # engines in the namespaces the operator serves get the same policy there
+    served = [d["metadata"]["namespace"] for d in render("autoscaling") if d["kind"] == "NetworkPolicy"
+              and d["metadata"]["name"].endswith("-engines")]
+    assert served == [NAMESPACE, "team-a", "team-b"]
+    assert not [d for d in render("own-secrets-open-network") if d["kind"] == "NetworkPolicy"]
+
+
+def test_keys_and_the_engine_token_are_generated_unless_given(render: Callable[[str], list[dict[str, Any]]]) -> None:
+    import base64
+
+    secrets = {d["metadata"]["name"]: d for d in render("defaults") if d["kind"] == "Secret"}
+    assert set(secrets) == {f"{RELEASE}-autellix-{n}" for n in ("tenant-keys", "admin-keys", "engine-token")}
+    for name, key in (("tenant-keys", "default"), ("admin-keys", "operator"), ("engine-token", "token")):
+        secret = secrets[f"{RELEASE}-autellix-{name}"]
+        assert list(secret["data"]) == [key]
+        value = base64.b64decode(secret["data"][key]).decode()
+        assert len(value) == 48 and value.isalnum()
+        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert not [d for d in render("own-secrets-open-network") if d["kind"] == "Secret"]
+
+
+def test_gateway_reads_keys_from_the_secrets_and_the_operator_uses_the_admin_listener(
+        render: Callable[[str], list[dict[str, Any]]]) -> None:
+    docs = render("defaults")
+    pod = one(docs, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tenant-keys"]["secret"]["secretName"] == f"{RELEASE}-autellix-tenant-keys"
+    assert volumes["admin-keys"]["secret"]["secretName"] == f"{RELEASE}-autellix-admin-keys"
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    args = pod["containers"][0]["args"]
+    assert f"--api-keys-file={mounts['tenant-keys']}" in args and f"--admin-keys-file={mounts['admin-keys']}" in args
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["AUTELLIX_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-autellix-engine-token",
+                                                                         "key": "token"}
+    admin = one(docs, "Service", "-gateway-admin")
+    assert admin["spec"]["type"] == "ClusterIP"
+    assert admin["spec"]["ports"] == [{"name": "admin", "port": 9000, "targetPort": "admin", "protocol": "TCP"}]
+    assert admin["spec"]["selector"].items() <= one(docs, "Deployment", "-gateway")["spec"]["template"][
+        "metadata"]["labels"].items()
+    tenants = one(docs, "Service", "-gateway")
+    assert [p["port"] for p in tenants["spec"]["ports"]] == [80]  # the admin port is not on the tenants' Service
+    operator = container(docs, "operator")
+    assert f"--gateway-admin-url=http://{RELEASE}-autellix-gateway-admin.{NAMESPACE}.svc:9000" in operator["args"]
+    assert f"--engine-token-secret={RELEASE}-autellix-engine-token" in operator["args"]
+    op_env = {e["name"]: e for e in operator["env"]}
+    assert op_env["AUTELLIX_GATEWAY_ADMIN_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{RELEASE}-autellix-admin-keys", "key": "operator"}
+    assert "AUTELLIX_GATEWAY_API_KEY" not in op_env  # no tenant rights
+    # your own Secrets, by name
+    own = render("own-secrets-open-network")
+    own_pod = one(own, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in own_pod["volumes"]}.items() >= {
+        "tenant-keys": "team-keys", "admin-keys": "admin-keys"}.items()

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from autellix.gateway.app import GATEWAY_KEY, Gateway, GatewayConfig, create_app
+from autellix.gateway.app import GATEWAY_KEY, SERVER_LIMITS, Gateway, GatewayConfig, create_app
 
 MODEL = "stand-in"
 
@@ -110,20 +110,31 @@ async def stand_ins(*behaviours: str) -> AsyncIterator[list[StandIn]]:
 
 @contextlib.asynccontextmanager
 async def gateway_app(urls: list[str], **config: Any) -> AsyncIterator[tuple[str, Gateway]]:
-    """The gateway app ``autellix gateway`` serves, on a local port, in this event loop."""
-    app = create_app(GatewayConfig(engines=urls, **config))
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    """The gateway app ``autellix gateway`` serves, on a local port, in this event loop, with its
+    admin listener on another (``Gateway.admin_url``; ``get_json`` sends admin paths there)."""
+    app = create_app(GatewayConfig(engines=urls, **{"admin_port": 0, **config}))
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **SERVER_LIMITS)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    base = f"http://127.0.0.1:{port}"
+    if app[GATEWAY_KEY].admin_url:
+        ADMIN_URLS[base] = app[GATEWAY_KEY].admin_url  # type: ignore[assignment]
     try:
-        yield f"http://127.0.0.1:{port}", app[GATEWAY_KEY]
+        yield base, app[GATEWAY_KEY]
     finally:
         await runner.cleanup()
 
 
+#: Gateway base URL -> its admin listener.
+ADMIN_URLS: dict[str, str] = {}
+
+
 async def get_json(base: str, path: str) -> Any:
+    """GET a gateway path; admin paths go to that gateway's admin listener."""
+    if path.startswith("/admin/"):
+        base = ADMIN_URLS[base]
     async with aiohttp.ClientSession() as http, http.get(base + path) as r:
         return await r.json()
 

@@ -56,9 +56,10 @@ def test_unknown_and_ended_sessions_are_404(small_gw: str) -> None:
 
 def test_api_keys_scope_sessions(two_engines, tmp_path) -> None:
     keys = tmp_path / "keys"
-    keys.write_text("# team keys\nkey-a\nkey-b\n")
+    keys.write_text("# team keys\n  # an indented comment is no key\n"
+                    "team-a key-a-0123456789abcdef\nkey-b-0123456789abcdef\n")
     with gateway([e.url for e in two_engines], "--api-keys-file", str(keys)) as base:
-        a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+        a, b = {"Authorization": "Bearer key-a-0123456789abcdef"}, {"Authorization": "Bearer key-b-0123456789abcdef"}
         assert http("POST", f"{base}/v1/sessions")[0] == 401
         assert http("POST", f"{base}/v1/sessions", headers={"Authorization": "Bearer wrong"})[0] == 401
         sid = http("POST", f"{base}/v1/sessions", headers=a)[1]["id"]

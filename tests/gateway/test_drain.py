@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 from aiohttp import web
 
+from autellix.child_processes import admin_url
 from tests.live import chat, gateway, http, load_instant_engine
 
 LONG_PROMPT = "y" * 40_000  # far above long_prompt_tokens (2048) by the gateway's byte estimate
@@ -90,20 +91,21 @@ def stand_ins() -> Iterator[list[StandInEngine]]:
 def gw(stand_ins: list[StandInEngine]) -> Iterator[str]:
     with gateway([e.url for e in stand_ins], "--balancer", "autellix") as base:
         deadline = time.monotonic() + 30
-        while len(http("GET", base + "/ready")[1]["engines"]) < 2:
+        while http("GET", base + "/ready")[1]["engines"] < 2:
             assert time.monotonic() < deadline, "both engines never joined the pool"
             time.sleep(0.1)
         yield base
 
 
 def engines_by_url(base: str) -> dict[str, dict]:
-    status, body = http("GET", base + "/admin/engines")
+    status, body = http("GET", admin_url(base) + "/admin/engines")
     assert status == 200, body
     return {e["url"]: e for e in body["data"]}
 
 
 def drain(base: str, url: str, *, undo: bool = False) -> dict:
-    status, body = http("POST", base + ("/admin/engines/undrain" if undo else "/admin/engines/drain"), {"url": url})
+    status, body = http("POST", admin_url(base) + ("/admin/engines/undrain" if undo else "/admin/engines/drain"),
+                        {"url": url})
     assert status == 200, body
     return body
 
@@ -210,7 +212,7 @@ def test_bad_drain_request_is_refused_and_changes_nothing(gw: str, stand_ins: li
     if "body" in request_kw:  # the extra-key case names a real engine: only the extra key is wrong
         request_kw = {"body": json.loads(json.dumps(request_kw["body"]).replace("{first}", stand_ins[0].url))}
     before = engines_by_url(gw)
-    status, body = http("POST", f"{gw}/admin/engines/{route}", **request_kw)
+    status, body = http("POST", f"{admin_url(gw)}/admin/engines/{route}", **request_kw)
     assert status == 400, body
     assert body["error"]["code"] == code and body["error"]["type"] == "invalid_request_error"
     assert body["error"]["message"]

@@ -8,14 +8,16 @@ import time
 
 import openai
 
+from autellix.child_processes import admin_url
 from autellix.engine.launch import kill_engine
+from autellix.gateway.app import engine_label
 from tests.live import MODEL, engines, gateway, http
 
 
 def test_killing_an_engine_loses_no_program(engine_logs) -> None:
     with engines(2, engine_logs) as pair, gateway([e.url for e in pair]) as base:
         deadline = time.monotonic() + 60  # /ready needs one engine; this test needs both in the pool
-        while len(http("GET", base + "/ready")[1]["engines"]) < 2:
+        while http("GET", base + "/ready")[1]["engines"] < 2:
             assert time.monotonic() < deadline, "second engine never joined the pool"
             time.sleep(0.2)
 
@@ -39,7 +41,7 @@ def test_killing_an_engine_loses_no_program(engine_logs) -> None:
 
         def kill_when_busy() -> None:
             """Kill the second engine while it holds calls (gateway's in-flight gauge)."""
-            needle = f'autellix_engine_inflight{{engine="{pair[1].url}"}} '
+            needle = f'autellix_engine_inflight{{engine="{engine_label(pair[1].url)}"}} '
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 lines = http("GET", base + "/metrics")[1]["text"].splitlines()
@@ -57,4 +59,6 @@ def test_killing_an_engine_loses_no_program(engine_logs) -> None:
         # the engine that died had taken calls of running programs
         assert any(pair[1].url in engines for _, _, engines in results)
         status, ready = http("GET", base + "/ready")
-        assert status == 200 and ready["engines"] == [pair[0].url]
+        assert status == 200 and ready["engines"] == 1
+        healthy = [e["url"] for e in http("GET", admin_url(base) + "/admin/engines")[1]["data"] if e["healthy"]]
+        assert healthy == [pair[0].url]

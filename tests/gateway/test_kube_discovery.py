@@ -25,6 +25,7 @@ import pytest_asyncio
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
+from autellix.child_processes import admin_url
 from autellix.gateway.engines import EnginePool
 from autellix.gateway.kube_discovery import DEFAULT_ENGINE_SELECTOR, KubeDiscovery, WatchExpired, slice_urls
 from tests.live import gateway, http, load_instant_engine
@@ -321,7 +322,7 @@ def test_gateway_discovers_engines_from_kubernetes(emulator: ThreadedEmulator, t
     try:
         with gateway([], "--discovery", "kubernetes", "--namespace", "ml",
                      env={"KUBECONFIG": str(kubeconfig), "KUBERNETES_SERVICE_HOST": ""}) as base:
-            status, listed = http("GET", base + "/admin/engines")
+            status, listed = http("GET", admin_url(base) + "/admin/engines")
             assert status == 200 and [e["url"] for e in listed["data"]] == [f"http://127.0.0.1:{port}"]
             status, answer = http("POST", base + "/v1/chat/completions", {
                 "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]})

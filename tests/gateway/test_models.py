@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from autellix.backends import parse_metrics
+from autellix.child_processes import admin_url
 from autellix.sim.emulator import emulator_process
 from tests.live import gateway, http
 
@@ -29,7 +30,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
             emulator_process(1, "--time-scale=0.02", "--model", "beta", log_path=logs / "beta.log") as beta, \
             gateway(alpha + beta, log_path=logs / "gateway.log", env={"AUTELLIX_LONG_PROMPT_TOKENS": "64"}) as gw:
         deadline = time.monotonic() + 20
-        while len(http("GET", gw + "/ready")[1]["engines"]) < 3:  # every engine probed
+        while http("GET", gw + "/ready")[1]["engines"] < 3:  # every engine probed
             assert time.monotonic() < deadline, "not every engine joined the pool"
             time.sleep(0.1)
         yield gw, alpha, beta
@@ -72,7 +73,7 @@ def test_every_call_reaches_an_engine_serving_its_model(mixed: tuple[str, list[s
     # each model's engines generated exactly its calls' tokens
     assert generated(alpha) - before[0] == CALLS // 2 * TOKENS
     assert generated(beta) - before[1] == CALLS // 2 * TOKENS
-    calls = http("GET", gw + "/admin/calls?limit=1000")[1]["data"]
+    calls = http("GET", admin_url(gw) + "/admin/calls?limit=1000")[1]["data"]
     assert sum(len(c["attempts"]) for c in calls[:CALLS]) == CALLS  # no call was retried elsewhere
     # every call's model time came from its engine's scheduler record (the feedback channel)
     with urllib.request.urlopen(gw + "/metrics") as r:
@@ -86,7 +87,7 @@ def test_models_are_listed_once_and_unknown_ones_are_404(mixed: tuple[str, list[
     gw, alpha, beta = mixed
     status, models = http("GET", gw + "/v1/models")
     assert status == 200 and sorted(m["id"] for m in models["data"]) == ["alpha", "beta"]
-    engines = {e["url"]: e["models"] for e in http("GET", gw + "/admin/engines")[1]["data"]}
+    engines = {e["url"]: e["models"] for e in http("GET", admin_url(gw) + "/admin/engines")[1]["data"]}
     assert engines == {**{u: ["alpha"] for u in alpha}, **{u: ["beta"] for u in beta}}
     status, body = http("POST", gw + "/v1/chat/completions",
                         {"model": "gamma", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})

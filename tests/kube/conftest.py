@@ -19,7 +19,7 @@ import pytest_asyncio
 import yaml
 from aiohttp import web
 
-from autellix.gateway.app import GatewayConfig, create_app
+from autellix.gateway.app import GATEWAY_KEY, GatewayConfig, create_app
 from autellix.kube.endpoints import endpoint_pods
 from autellix.kube.handlers import OperatorConfig
 from autellix.kube.kubeapi import KubeApi
@@ -32,6 +32,8 @@ NAMESPACE = "default"
 #: (verb, group, resource[/subresource], namespaced) of every request an operator made in this session's
 #: emulated clusters (its own client's or kopf's): what tests/kube/test_rbac.py holds the chart's RBAC to.
 OPERATOR_ACCESS: set[tuple[str, str, str, bool]] = set()
+#: Gateway base URL -> its admin listener, for the gateways the tests start.
+ADMIN_URLS: dict[str, str] = {}
 #: The test modules whose operators reached OPERATOR_ACCESS.
 ACCESS_FROM: set[str] = set()
 
@@ -88,19 +90,23 @@ class Gateway:
     def __init__(self, urls: Callable[[], set[str]]) -> None:
         self._urls = urls
         self.url = ""
+        #: Its admin listener (engines, drain, sessions on a tenant's behalf): the operator's way in.
+        self.admin_url = ""
         self.app: web.Application | None = None
 
     async def urls(self) -> set[str]:  # the gateway's Discovery protocol
         return self._urls()
 
     async def __aenter__(self) -> Gateway:
-        self.app = create_app(GatewayConfig(discovery=self, poll_interval=0.1))
+        self.app = create_app(GatewayConfig(discovery=self, poll_interval=0.1, admin_port=0))
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
+        self.admin_url = self.app[GATEWAY_KEY].admin_url or ""
+        ADMIN_URLS[self.url] = self.admin_url
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -108,7 +114,7 @@ class Gateway:
 
     async def engines_healthy(self, count: int) -> bool:
         """True once the gateway has found and probed ``count`` healthy engines."""
-        async with aiohttp.ClientSession() as http, http.get(f"{self.url}/admin/engines") as r:
+        async with aiohttp.ClientSession() as http, http.get(f"{self.admin_url}/admin/engines") as r:
             return sum(e["healthy"] for e in (await r.json())["data"]) == count
 
 
@@ -148,6 +154,8 @@ async def operator(cluster: Cluster, api: KubeApi) -> AsyncIterator[OperatorFact
         stop, ready, errors = threading.Event(), threading.Event(), []
         options = {"retry_backoff": 0.3, "autoscale_interval": 0.2, "program_poll_interval": 0.2,
                    "gateway_url": "http://127.0.0.1:9", **config}  # no gateway unless the test starts one
+        # the operator reaches a test's gateway through its admin listener, as in the chart
+        options.setdefault("gateway_admin_url", ADMIN_URLS.get(options["gateway_url"]))
 
         async def main() -> None:
             await run_operator(OperatorConfig(**options), api=KubeApi.for_server(server), login=login, tune=tune,

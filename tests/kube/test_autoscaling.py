@@ -44,7 +44,7 @@ class Controllers:
     serial: int = 0
 
     async def engines(self) -> dict[str, dict[str, Any]]:
-        async with aiohttp.ClientSession() as http, http.get(f"{self.gateway.url}/admin/engines") as r:
+        async with aiohttp.ClientSession() as http, http.get(f"{self.gateway.admin_url}/admin/engines") as r:
             return {e["url"]: e for e in (await r.json())["data"]}
 
     async def step(self) -> None:

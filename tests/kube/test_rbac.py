@@ -13,7 +13,8 @@ from autellix.kube.rbac import OPERATOR_RULES, granted
 from tests.kube.conftest import ACCESS_FROM, OPERATOR_ACCESS
 
 #: Modules whose operators together exercise every code path that calls the API.
-SCENARIOS = {"test_engine_operator", "test_program_operator", "test_autoscaling", "test_leader_election"}
+SCENARIOS = {"test_engine_operator", "test_program_operator", "test_autoscaling", "test_leader_election",
+             "test_gateway_membership"}
 #: Grants the emulated tests do not reach, and why the code needs them all the same.
 NOT_REACHED = {
     ("create", "", "events"): "kopf posts handler outcomes as Events; the in-process operators post errors only, "

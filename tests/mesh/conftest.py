@@ -67,11 +67,17 @@ class StandInEngine:
         await response.write_eof()
         return response
 
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        """vLLM's load gauges: the whole calls held now are running (what every gateway reads)."""
+        model = self.instant.MODEL
+        return web.Response(text=f'vllm:num_requests_running{{model_name="{model}"}} {float(self.holding)}\n'
+                                 f'vllm:num_requests_waiting{{model_name="{model}"}} 0.0\n', content_type="text/plain")
+
     async def _start(self) -> None:
         fixed = self.instant.fixed
         app = web.Application()
         app.router.add_get("/health", fixed(b"", "text/plain"))
-        app.router.add_get("/metrics", fixed(self.instant.METRICS, "text/plain"))
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", fixed(self.instant.MODELS))
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, handler_cancellation=True)

@@ -47,8 +47,22 @@ def test_calls_through_envoy_reach_a_gateway(mesh: LocalMesh) -> None:
     assert mesh.control_plane.node_status(mesh.node_id).nacks == []  # Envoy accepted every resource we sent
 
 
+def replica_counters(mesh: LocalMesh) -> dict[str, tuple[float, float]]:
+    """Each replica's ``autellix_replica_calls_total`` and ``autellix_replica_programs_total`` (its /metrics)."""
+    counters = {}
+    for g in mesh.gateways:
+        text = http("GET", g.url + "/metrics")[1]["text"]
+        values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith(("autellix_replica_calls_total{", "autellix_replica_programs_total{"))
+                  and f'replica="gateway-{g.endpoint.port}"' in line}
+        counters[g.endpoint.address] = (values["autellix_replica_calls_total"],
+                                        values["autellix_replica_programs_total"])
+    return counters
+
+
 def test_all_calls_of_a_program_go_through_one_replica(mesh: LocalMesh) -> None:
     programs = [f"mesh-prog-{i}" for i in range(12)]
+    before = replica_counters(mesh)
     for _ in range(4):  # interleaved, so consecutive calls of one program are not back to back
         for program in programs:
             status, body = call(mesh, {"x-session-id": program})
@@ -57,6 +71,15 @@ def test_all_calls_of_a_program_go_through_one_replica(mesh: LocalMesh) -> None:
     assert all(len(where) == 1 for where in placement.values()), placement
     # ... and the programs are spread over the replicas, not all on one.
     assert len({where[0] for where in placement.values()}) > 1, placement
+    # The per-replica counters in /metrics say the same: each replica served 4 calls per program it
+    # served, and the programs counted over all replicas are the 12 (none counted on two).
+    after = replica_counters(mesh)
+    added = {address: (after[address][0] - before[address][0], after[address][1] - before[address][1])
+             for address in after}
+    assert sum(programs_here for _, programs_here in added.values()) == len(programs), added
+    for address, (calls_here, programs_here) in added.items():
+        assert calls_here == 4 * programs_here, added
+        assert programs_here == sum(where == [address] for where in placement.values()), (added, placement)
 
 
 def test_session_header_agent_header_and_session_path_hash_alike(mesh: LocalMesh) -> None:

@@ -53,6 +53,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- default .Release.Namespace .Values.gateway.discovery.namespace }}
 {{- end }}
 
+{{- define "autellix.gatewayAdminUrl" -}}
+{{- if .Values.operator.gatewayAdminUrl }}
+{{- .Values.operator.gatewayAdminUrl }}
+{{- else }}
+{{- printf "http://%s-admin.%s.svc:%v" (include "autellix.gatewayName" .) .Release.Namespace .Values.gateway.adminPort }}
+{{- end }}
+{{- end }}
+
 {{- define "autellix.gatewayUrl" -}}
 {{- if .Values.operator.gatewayUrl }}
 {{- .Values.operator.gatewayUrl }}
@@ -166,3 +174,16 @@ seccompProfile:
   verbs: [create]
 {{- end }}
 
+
+{{/* The Secrets of keys and tokens: yours (auth.*.existingSecret) or the release's own (secrets.yaml). */}}
+{{- define "autellix.tenantKeysSecret" -}}
+{{- default (printf "%s-tenant-keys" (include "autellix.fullname" .)) .Values.auth.tenantKeys.existingSecret }}
+{{- end }}
+
+{{- define "autellix.adminKeysSecret" -}}
+{{- default (printf "%s-admin-keys" (include "autellix.fullname" .)) .Values.auth.adminKeys.existingSecret }}
+{{- end }}
+
+{{- define "autellix.engineTokenSecret" -}}
+{{- default (printf "%s-engine-token" (include "autellix.fullname" .)) .Values.auth.engineToken.existingSecret }}
+{{- end }}

@@ -200,7 +200,8 @@ class RequestController:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  observer: ControllerObserver | None = None, rng: random.Random | None = None,
-                 call_ids: Callable[[], str] | None = None) -> None:
+                 call_ids: Callable[[], str] | None = None,
+                 on_program_left: Callable[[Any, float], None] | None = None) -> None:
         self.store, self.engines, self.backend = store, engines, backend
         self.balancer, self.queues = balancer, queues
         self.policy = policy or store.policy
@@ -211,6 +212,8 @@ class RequestController:
         self.rng = rng or random.Random()
         self.call_ids = call_ids or (lambda: uuid.uuid4().hex)
         self.recent: deque[CallLog] = deque(maxlen=RECENT_CALLS)
+        #: A one-call program left the table (its tenant's standing counts its service).
+        self.on_program_left = on_program_left
 
     # ---- what the engine is told ----------------------------------------------------
     def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str) -> SchedulingFields:
@@ -267,6 +270,7 @@ class RequestController:
                 try:
                     result = await send(attempt)
                 except EngineFailure as exc:
+                    state.failed_at = engine
                     journal.attempts.append(AttemptLog(engine, exc.reason, self.clock() - began))
                     self.engines.failed(engine, hung=exc.hung)
                     tried.add(engine)
@@ -294,7 +298,9 @@ class RequestController:
                 journal.result = "aborted"
             await state.settle(None)
             if owner.ephemeral:
-                await self.store.end(program_id, remember=False)
+                ended = await self.store.end(program_id, remember=False)
+                if ended is not None and self.on_program_left is not None:
+                    self.on_program_left(ended, self.clock())
 
 
 class _Settlement:
@@ -303,6 +309,8 @@ class _Settlement:
     def __init__(self, controller: RequestController, program_id: str, call_id: str, start: float) -> None:
         self.c, self.program_id, self.call_id, self.start = controller, program_id, call_id, start
         self.engine: str | None = None
+        #: The engine whose attempt failed last (its record is not worth waiting for).
+        self.failed_at: str | None = None
         self.done = False
         self.status: int | None = None
 
@@ -317,6 +325,16 @@ class _Settlement:
             return  # the session was ended while the call ran
         wall = c.clock() - self.start
         if outcome is None or outcome.status != 200 or outcome.broken or self.engine is None:
+            used = await self._used_by_abort(outcome)
+            if not store.is_active(self.program_id, self.call_id):
+                return
+            if used > 0:  # a client that left (or a stream cut) still cost the engine this much
+                model_time = min(wall, used)
+                c.observer.settled("aborted", wall - model_time)
+                store.call_finished(self.program_id, self.call_id, c.clock(), model_time=model_time,
+                                    wait=wall - model_time, prompt_tokens=outcome.prompt_tokens if outcome else 0,
+                                    completion_tokens=outcome.completion_tokens if outcome else 0)
+                return
             store.call_aborted(self.program_id, self.call_id, c.clock(), wait=wall)
             return
         if outcome.model_time is not None:
@@ -333,6 +351,21 @@ class _Settlement:
         c.observer.settled(source, wait)
         store.call_finished(self.program_id, self.call_id, c.clock(), model_time=model_time, wait=wait,
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens)
+
+    async def _used_by_abort(self, outcome: CallOutcome | None) -> float:
+        """Model time a call that did not finish consumed: a client that disconnected after its
+        last token but before ``[DONE]``, or mid-stream, must not get that time for free. The
+        engine's record when its scheduler keeps one (prefill included), else the tokens it
+        was seen to generate, priced; 0 when the engine answered with an error or failed."""
+        c = self.c
+        if self.engine is None or self.engine == self.failed_at or (outcome is not None and not outcome.broken):
+            return 0.0
+        record = await c.engines.call_record(self.engine, self.call_id)
+        if record is not None:
+            return record.service_s
+        if outcome is not None and outcome.completion_tokens:
+            return outcome.completion_tokens * c.engines.seconds_per_token(self.engine)
+        return 0.0
 
 
 __all__ = ["RECENT_CALLS", "Attempt", "AttemptLog", "CallLog", "CallSpec", "ControllerObserver", "EngineCall",

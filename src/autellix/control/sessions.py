@@ -3,8 +3,14 @@
 A call names its program with ``X-Autellix-Session`` (sessions opened by POST
 /v1/sessions), or with a well-known agent session header (an implicit session
 is created on first use). A call with neither is a one-call program. With API
-keys configured a session belongs to the key that created it; other keys get
-404. Every check runs before the first state change.
+keys configured a session belongs to the tenant whose key created it; other
+tenants get 404, and implicit session ids are scoped per tenant (two tenants'
+``x-session-id: run-1`` are two programs, ``<tenant>/run-1`` in the table).
+Every check runs before the first state change.
+
+With a ``TenantStanding``, a tenant's new program starts at the service its
+tenant's recently ended programs carry (``autellix.control.standing``), so
+opening fresh sessions does not reset its standing.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autellix.control.standing import TenantStanding
 from autellix.control.store import ProgramStore
 from autellix.core import DuplicateProgram, ProgramEntry
 from autellix.protocol import IMPLICIT_SESSION_HEADERS, MAX_ID_LENGTH, SESSION_HEADER, THREAD_HEADER, APIError
@@ -34,22 +41,38 @@ def session_not_found(program_id: str, ended: bool) -> APIError:
 class Sessions:
     """Session rules over a ``ProgramStore``; ``owner`` is the caller's identity (None: auth off)."""
 
-    def __init__(self, store: ProgramStore) -> None:
+    def __init__(self, store: ProgramStore, standing: TenantStanding | None = None) -> None:
         self.store = store
+        #: Applies to named tenants only: with auth off nobody can be told apart.
+        self.standing = standing
 
     async def open(self, now: float, owner: str | None, *, program_id: str | None = None,
                    implicit: bool = False) -> ProgramEntry:
-        return await self.store.open(program_id or f"sess-{uuid.uuid4().hex}", now, owner=owner, implicit=implicit)
+        entry = await self.store.open(program_id or f"sess-{uuid.uuid4().hex}", now, owner=owner, implicit=implicit)
+        if self.standing is not None and owner is not None:
+            floor = self.standing.take_floor(owner, now)
+            if floor > entry.service:
+                entry.service = floor
+        return entry
+
+    def program_left(self, entry: ProgramEntry, now: float) -> None:
+        """A program left the table (ended, expired, one-call): its service joins its tenant's carry."""
+        if self.standing is not None and entry.owner is not None:
+            self.standing.program_left(entry.owner, entry.service, now)
 
     async def get(self, program_id: str, owner: str | None) -> ProgramEntry:
-        entry = await self.store.load(program_id)
-        if entry is None or entry.owner != owner:
-            raise session_not_found(program_id, await self.store.ended(program_id))
-        return entry
+        """The caller's session ``program_id``: an implicit one by the id its header gave, too."""
+        for candidate in dict.fromkeys((scoped_id(owner, program_id), program_id)):
+            entry = await self.store.load(candidate)
+            if entry is not None and entry.owner == owner:
+                return entry
+        ended = await self.store.ended(scoped_id(owner, program_id)) or await self.store.ended(program_id)
+        raise session_not_found(program_id, ended)
 
     async def end(self, program_id: str, owner: str | None) -> ProgramEntry:
         entry = await self.get(program_id, owner)
-        await self.store.end(program_id)
+        await self.store.end(entry.program_id)
+        self.program_left(entry, entry.last_activity)
         return entry
 
     async def resolve(self, headers: Mapping[str, str], owner: str | None, now: float) -> CallOwner:
@@ -60,13 +83,14 @@ class Sessions:
             await self.get(explicit, owner)
             return CallOwner(explicit, thread, ephemeral=False)
         for name in IMPLICIT_SESSION_HEADERS:
-            implicit = header_id(headers, name)
-            if implicit is None:
+            named = header_id(headers, name)
+            if named is None:
                 continue
+            implicit = scoped_id(owner, named)
             if await self.store.load(implicit) is not None:
                 await self.get(implicit, owner)
             elif await self.store.ended(implicit):
-                raise session_not_found(implicit, True)
+                raise session_not_found(named, True)
             else:
                 try:
                     await self.open(now, owner, program_id=implicit, implicit=True)
@@ -75,6 +99,11 @@ class Sessions:
             return CallOwner(implicit, thread, ephemeral=False)
         entry = await self.open(now, owner, program_id=f"call-{uuid.uuid4().hex}")
         return CallOwner(entry.program_id, thread, ephemeral=True)
+
+
+def scoped_id(owner: str | None, session_id: str) -> str:
+    """An implicit session's id in the table: the tenant's own namespace (tenant names have no '/')."""
+    return session_id if owner is None else f"{owner}/{session_id}"
 
 
 def header_id(headers: Mapping[str, str], name: str) -> str | None:

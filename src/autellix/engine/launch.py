@@ -22,6 +22,7 @@ from pathlib import Path
 from autellix.core import SchedulerConfig
 from autellix.engine.feedback import ENV_ADDR, feedback_addr_for
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+from autellix.protocol import ENGINE_TOKEN_ENV
 
 SERVED_MODEL = "tiny-llama"
 #: Engine schedulers: Autellix's plugin, or stock vLLM ordered by the gateway's
@@ -111,11 +112,14 @@ def engine_command(model_dir: Path, port: int, *, scheduler: str = "autellix", m
                           extra_args=tiny + list(extra_args or []))
 
 
-def engine_env(port: int, config: SchedulerConfig | None = None) -> dict[str, str]:
+def engine_env(port: int, config: SchedulerConfig | None = None, *, token: str | None = None) -> dict[str, str]:
     """The engine's environment: CPU settings, the feedback socket and, when
-    given, the plugin's parameters (``AUTELLIX_*``, read by the scheduler)."""
+    given, the plugin's parameters (``AUTELLIX_*``, read by the scheduler) and
+    the token it takes calls with (only the gateway, which shares it)."""
     env = dict(os.environ)
     env.update(config.to_env() if config is not None else {})
+    if token is not None:
+        env[ENGINE_TOKEN_ENV] = token
     env[ENV_ADDR] = feedback_addr_for(port)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -125,13 +129,14 @@ def engine_env(port: int, config: SchedulerConfig | None = None) -> dict[str, st
 
 
 def start_engine(port: int, *, log_dir: Path, model_dir: Path | None = None,
-                 config: SchedulerConfig | None = None, **options: object) -> EngineProcess:
+                 config: SchedulerConfig | None = None, token: str | None = None,
+                 **options: object) -> EngineProcess:
     model_dir = build_tiny_model(model_dir or default_model_dir())
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"engine-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(engine_command(model_dir, port, **options), stdout=log,  # type: ignore[arg-type]
-                                   stderr=subprocess.STDOUT, env=engine_env(port, config),
+                                   stderr=subprocess.STDOUT, env=engine_env(port, config, token=token),
                                    # its own process group, to stop it with its workers, but not its
                                    # own session: with the kernel's autogroup scheduling a session is a
                                    # scheduling group, and beside a busy engine group the gateway and

@@ -26,6 +26,7 @@ from typing import Protocol
 import aiohttp
 
 from autellix.backends import EngineBackend, VllmBackend, parse_metrics
+from autellix.control.breaker import CircuitBreaker, is_failure_status
 from autellix.protocol import FEEDBACK_WAIT_PARAM, MODELS_PATH, CallRecord
 
 log = logging.getLogger("autellix.gateway.engines")
@@ -89,6 +90,8 @@ class EngineState:
     #: (monotonic seconds) it takes no new call because of them.
     hangs: int = 0
     hung_until: float = 0.0
+    #: Real calls' outcomes (failures and 5xx in a window): open, cooldown, one half-open probe.
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def load(self) -> float:
@@ -127,7 +130,8 @@ class EnginePool:
         """Load of every engine that may take a new call: healthy, not draining, not backing off a hang."""
         now = time.monotonic()
         return {u: e.load for u, e in self.engines.items()
-                if e.healthy and not e.draining and e.hung_until <= now and u not in exclude}
+                if e.healthy and not e.draining and e.hung_until <= now and u not in exclude
+                and e.breaker.allows(now)}
 
     def candidates(self, model: str, exclude: Collection[str] = frozenset()) -> dict[str, float]:
         """``loads`` of the engines that serve ``model``: a call never goes to one that does not."""
@@ -160,11 +164,22 @@ class EnginePool:
         return [{"url": e.url, "healthy": e.healthy, "draining": e.draining, "load": e.load,
                  "inflight": e.inflight, "running": e.running, "waiting": e.waiting,
                  "models": sorted(e.model_ids), "failures": e.failures,
-                 "hung_backoff_s": round(max(0.0, e.hung_until - now), 3)}
+                 "hung_backoff_s": round(max(0.0, e.hung_until - now), 3), "breaker": e.breaker.describe(now)}
                 for e in sorted(self.engines.values(), key=lambda e: e.url)]
 
     def begin(self, url: str) -> None:
-        self.engines[url].inflight += 1
+        engine = self.engines[url]
+        engine.inflight += 1
+        engine.breaker.begin(time.monotonic())  # in half-open: this call is the probe
+
+    def record_answer(self, url: str, status: int) -> bool:
+        """An engine's answer, for its breaker: a 5xx counts against it. True when that opened it."""
+        engine = self.engines.get(url)
+        if engine is None:
+            return False
+        before = engine.breaker.opened_total
+        engine.breaker.record(not is_failure_status(status), time.monotonic())
+        return engine.breaker.opened_total > before
 
     def end(self, url: str) -> None:
         if url in self.engines:
@@ -183,6 +198,9 @@ class EnginePool:
 
     def failed(self, url: str, *, hung: bool) -> None:
         """An attempt failed there (the request controller's ``EngineDirectory``)."""
+        engine = self.engines.get(url)
+        if engine is not None:
+            engine.breaker.record(False, time.monotonic())
         if hung:
             self.mark_hung(url)
         else:

@@ -7,9 +7,21 @@ from aiohttp import web
 
 from autellix.protocol import APIError
 
+#: Seconds a client should wait after a 503 (no engine can take the call now): engines come back
+#: within a health-check period or a breaker's cooldown.
+UNAVAILABLE_RETRY_AFTER = "1"
+
 
 def error_response(exc: APIError) -> web.Response:
-    return web.Response(status=exc.status, body=orjson.dumps(exc.body()), content_type="application/json")
+    """The OpenAI-style answer; 429 and 503 say when to come back (``Retry-After``)."""
+    headers = None
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers = {"Retry-After": str(retry_after)}
+    elif exc.status in (429, 503):
+        headers = {"Retry-After": UNAVAILABLE_RETRY_AFTER}
+    return web.Response(status=exc.status, body=orjson.dumps(exc.body()), content_type="application/json",
+                        headers=headers)
 
 
 def bad_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> APIError:

@@ -54,7 +54,7 @@ class KubeDiscovery:
     def __init__(self, selector: str = DEFAULT_ENGINE_SELECTOR, namespace: str | None = None, *,
                  port_name: str = DEFAULT_PORT_NAME, default_port: int = DEFAULT_PORT,
                  configuration: Any = None, retry_delay: float = 2.0, watch_timeout_s: int = 300,
-                 first_sync_timeout: float = 10.0) -> None:
+                 first_sync_timeout: float = 10.0, user_agent: str | None = None) -> None:
         self.selector = selector
         self.namespace = namespace
         self.port_name = port_name
@@ -63,6 +63,7 @@ class KubeDiscovery:
         self.watch_timeout_s = watch_timeout_s
         self.first_sync_timeout = first_sync_timeout
         self._configuration = configuration
+        self.user_agent = user_agent  # who asks, in the API server's audit log
         self._slices: dict[SliceKey, dict[str, Any]] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -97,6 +98,8 @@ class KubeDiscovery:
             except config.ConfigException:
                 await config.load_kube_config(client_configuration=configuration)
         self._api = client.ApiClient(configuration=configuration)
+        if self.user_agent:
+            self._api.user_agent = self.user_agent
         return client.DiscoveryV1Api(self._api)
 
     def _lister(self, api: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from autellix.stats import jain_index
@@ -17,8 +17,9 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 class _Live(Collector):
     """Values read at scrape time: live programs, per-engine in-flight, fairness."""
 
-    def __init__(self, programs: Callable[[], list[tuple[float, float]]], inflight: Callable[[], dict[str, int]]):
-        self._programs, self._inflight = programs, inflight
+    def __init__(self, programs: Callable[[], list[tuple[float, float]]], inflight: Callable[[], dict[str, int]],
+                 breakers: Callable[[], dict[str, tuple[str, int]]] | None = None):
+        self._programs, self._inflight, self._breakers = programs, inflight, breakers
 
     def collect(self):
         ratios = self._programs()
@@ -33,11 +34,23 @@ class _Live(Collector):
         for engine, n in self._inflight().items():
             g.add_metric([engine], n)
         yield g
+        if self._breakers is not None:
+            state = GaugeMetricFamily("autellix_engine_breaker_open",
+                                      "1 while an engine's circuit breaker keeps calls away (open or half-open)",
+                                      labels=["engine"])
+            opened = CounterMetricFamily("autellix_engine_breaker_opened", "Times an engine's breaker opened",
+                                         labels=["engine"])
+            for engine, (name, times) in self._breakers().items():
+                state.add_metric([engine], 0 if name == "closed" else 1)
+                opened.add_metric([engine], times)
+            yield state
+            yield opened
 
 
 class GatewayMetrics:
     def __init__(self, programs: Callable[[], list[tuple[float, float]]],
-                 inflight: Callable[[], dict[str, int]]) -> None:
+                 inflight: Callable[[], dict[str, int]],
+                 breakers: Callable[[], dict[str, tuple[str, int]]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("autellix_requests", "Requests by route and status", ["route", "status"], registry=r)
@@ -56,4 +69,4 @@ class GatewayMetrics:
         self.token_latency = Histogram("autellix_program_token_latency_seconds",
                                        "Program response time / generated tokens, at session end",
                                        buckets=WAIT_BUCKETS, registry=r)
-        r.register(_Live(programs, inflight))
+        r.register(_Live(programs, inflight, breakers))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -55,21 +55,39 @@ class ResponseCut(EngineFailure):
 Outcome = CallOutcome
 
 
+#: Longest SSE line relayed (a logprobs chunk can run to megabytes); a longer one cuts the stream
+#: with the error event, rather than aiohttp's line limit breaking the chunked body.
+MAX_SSE_LINE = 16 * 1024 * 1024
+#: Bytes waiting for a slow client above which a write is bounded by ``write_timeout``.
+WRITE_BUFFER_WATCH = 64 * 1024
+
+
+class ClientTooSlow(Exception):
+    """The client read nothing for ``write_timeout`` seconds: its call is given up."""
+
+
 async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                        headers: dict[str, str], *, header_timeout: float | None = None) -> aiohttp.ClientResponse:
+                        headers: dict[str, str], *, header_timeout: float | None = None,
+                        timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
     """POST the call; returns once the engine's response headers are in.
 
     ``header_timeout`` bounds that wait. vLLM answers a streamed call's headers
     as soon as the call is queued, before its first token, so an engine that
     sends none in that time accepted the call and hung: the call has not
     started for the client and may move to another engine. (A whole call's
-    headers come with its last token, so it gets no such bound.)"""
+    headers come with its last token, so it gets no such bound.) ``timeout``: the
+    attempt's connect, read (idle between chunks) and total bounds."""
     try:
-        return await asyncio.wait_for(http.post(url, data=orjson.dumps(body), headers=headers), header_timeout)
+        post = http.post(url, data=orjson.dumps(body), headers=headers,
+                         **({"timeout": timeout} if timeout is not None else {}))
+        return await asyncio.wait_for(post, header_timeout)
+    except aiohttp.ConnectionTimeoutError as exc:  # nothing was sent: another engine may take it
+        raise EngineUnreachable(repr(exc), "connect") from exc
     except TimeoutError as exc:
         if header_timeout is not None:
             raise EngineHung(f"no response headers within {header_timeout:g} s") from exc
-        raise EngineUnreachable(repr(exc), "timeout") from exc
+        # a whole call the engine took and did not answer in time: it may have run, never twice
+        raise EngineFailure("timeout", repr(exc), retryable=False) from exc
     except aiohttp.ServerDisconnectedError as exc:
         raise EngineUnreachable(repr(exc), "disconnected") from exc
     except aiohttp.ClientConnectionError as exc:
@@ -93,7 +111,29 @@ async def relay_whole(upstream: aiohttp.ClientResponse, backend: EngineBackend) 
             answer = orjson.loads(raw)
             if isinstance(answer, dict):
                 backend.read_usage(answer, outcome)
+    elif upstream.status >= 400:
+        raw = openai_error_shape(raw)
     return web.Response(status=upstream.status, body=raw, headers=_copy_headers(upstream)), outcome
+
+
+def openai_error_shape(raw: bytes) -> bytes:
+    """An engine's error in OpenAI's shape: vLLM says ``"code": 400`` (a number) where OpenAI's
+    ``code`` is a string or null (schemathesis found it against ``/openapi.json``)."""
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return raw
+    changed = False
+    for name in ("code", "param", "type"):
+        value = error.get(name)
+        if value is not None and not isinstance(value, str):
+            error[name], changed = str(value), True
+    if not isinstance(error.get("message"), str):
+        error["message"], changed = str(error.get("message", "")), True
+    return orjson.dumps(answer) if changed else raw
 
 
 STREAM_CUT = orjson.dumps({"error": {
@@ -122,9 +162,41 @@ class _UsageChunk:
         return True
 
 
+async def sse_lines(content: aiohttp.StreamReader, max_line: int = MAX_SSE_LINE) -> AsyncIterator[bytes]:
+    """The stream's lines (with their newline), any length up to ``max_line``: aiohttp's own
+    ``readline`` refuses lines over its buffer limit (128 KiB), which logprobs chunks exceed."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            yield bytes(buffer[start:end + 1])
+            start = end + 1
+        del buffer[:start]
+        if len(buffer) > max_line:
+            raise ValueError(f"an SSE line over {max_line} bytes")
+    if buffer:
+        yield bytes(buffer)
+
+
+async def _write(request: web.Request, response: web.StreamResponse, data: bytes,
+                 write_timeout: float | None) -> None:
+    """Write to the client; while its unread bytes pile up, give it ``write_timeout`` seconds."""
+    transport = request.transport
+    if write_timeout is None or transport is None or transport.get_write_buffer_size() < WRITE_BUFFER_WATCH:
+        await response.write(data)
+        return
+    try:
+        async with asyncio.timeout(write_timeout):
+            await response.write(data)
+    except TimeoutError:
+        raise ClientTooSlow(f"the client read nothing for {write_timeout:g} s") from None
+
+
 async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, backend: EngineBackend,
                        *, client_wants_usage: bool,
                        on_done: Callable[[CallOutcome], Awaitable[None]] | None = None,
+                       write_timeout: float | None = None,
                        ) -> tuple[web.StreamResponse, CallOutcome]:
     """Pass SSE events through as they come; read usage from the final chunk.
 
@@ -138,7 +210,7 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, b
     usage = _UsageChunk(backend, outcome, client_wants_usage)
     done = False
     try:
-        async for line in upstream.content:
+        async for line in sse_lines(upstream.content):
             if not response.prepared:  # headers go out with the first event, so an
                 await response.prepare(request)  # engine dying before it can still be retried
             if not done and line.startswith(b"data: [DONE]"):
@@ -146,8 +218,13 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, b
                 if on_done is not None:
                     await on_done(outcome)
             if usage.passes(line):
-                await response.write(line)
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                await _write(request, response, line, write_timeout)
+    except ClientTooSlow:
+        if request.transport is not None:
+            request.transport.abort()  # nothing more can reach it: the call ends here, closing the engine's
+        outcome.broken = True          # connection, so the engine aborts the request and frees its slot
+        return response, outcome
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as exc:
         if not response.prepared:
             raise EngineUnreachable(repr(exc), "stream_closed") from exc
         done = False

@@ -60,6 +60,13 @@ class OperatorConfig:
     #: The gateway's base URL inside the cluster (the chart's gateway Service).
     gateway_url: str = "http://autellix-gateway"
     gateway_api_key: str | None = None
+    #: The gateway's admin listener (its own port and keys): drains and AgentProgram sessions on a
+    #: tenant's behalf go there, and the operator needs no tenant key. None: the tenant routes.
+    gateway_admin_url: str | None = None
+    gateway_admin_key: str | None = None
+    #: A Secret (data key ``token``) in each engine's namespace holding the token engines accept calls
+    #: with (``autellix.protocol.ENGINE_TOKEN_ENV``); None: engines answer anyone who reaches them.
+    engine_token_secret: str | None = None
     #: Seconds between two autoscaler decisions of one AutellixEngine.
     autoscale_interval: float = 15.0
     #: Seconds between two reads of a running AgentProgram's session.
@@ -113,7 +120,8 @@ async def reconcile_engine(ctx: Context, engine: dict[str, Any]) -> EngineSpec:
         raise kopf.PermanentError(str(exc)) from None
     if spec.autoscaling.enabled and await scaled_by(ctx, namespace, name):  # its spec.replicas, unclamped
         spec = dataclasses.replace(spec, autoscaling=dataclasses.replace(spec.autoscaling, enabled=False))
-    children = [engine_deployment(name, namespace, uid, spec), engine_service(name, namespace, uid),
+    deployment = engine_deployment(name, namespace, uid, spec, token_secret=ctx.config.engine_token_secret)
+    children = [deployment, engine_service(name, namespace, uid),
                 engine_disruption_budget(name, namespace, uid, spec)]
     if ctx.config.inference_pool:
         children.append(engine_inference_pool(name, namespace, uid, None))
@@ -260,7 +268,7 @@ async def start_program(ctx: Context, program: dict[str, Any], memo: kopf.Memo) 
     session = status.get("sessionId") or getattr(memo, "session_id", None)
     if not session:
         try:
-            session = await ctx.gateway.open_session(gateway)
+            session = await ctx.gateway.open_session(gateway, spec.tenant)
         except GatewayError as exc:
             raise kopf.TemporaryError(f"cannot open a session in the gateway: {exc}") from exc
     memo.session_id = session  # survives a failed Job creation: the retry reuses the session

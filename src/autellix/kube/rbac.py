@@ -57,6 +57,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
          "kopf notices its resources' CRDs appearing and going"),
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "release",
          "leader election between the operator's replicas"),
+    Rule("discovery.k8s.io", ("endpointslices",), ("list", "watch"), "release",
+         "the xDS control plane (--xds-port): the gateway pods behind the gateway Service, for Envoy"),
 )
 
 

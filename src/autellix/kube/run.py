@@ -86,7 +86,9 @@ async def run_operator(config: OperatorConfig, *, api: KubeApi | None = None, na
             task.add_done_callback(lambda _: kopf_stop.set())
         try:
             async with aiohttp.ClientSession() as http:
-                ctx = Context(api=api, gateway=GatewayClient(http, config.gateway_api_key), config=config)
+                client = GatewayClient(http, config.gateway_api_key, default_gateway=config.gateway_url,
+                                       admin_url=config.gateway_admin_url, admin_key=config.gateway_admin_key)
+                ctx = Context(api=api, gateway=client, config=config)
                 await kopf.operator(registry=build_registry(config, login), settings=settings,
                                     memo=kopf.Memo(ctx=ctx), clusterwide=not namespaces, namespaces=list(namespaces),
                                     standalone=True, stop_flag=kopf_stop, ready_flag=ready_flag,

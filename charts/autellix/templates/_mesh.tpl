@@ -1,0 +1,31 @@
+{{/* Envoy, the xDS Service and the shared store of gateway replicas (docs/cluster.md). */}}
+
+{{- define "autellix.envoyName" -}}
+{{- printf "%s-envoy" (include "autellix.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "autellix.xdsName" -}}
+{{- printf "%s-xds" (include "autellix.operatorName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "autellix.storeName" -}}
+{{- printf "%s-store" (include "autellix.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* "true" when the gateways run on a shared store (the chart's, a Secret's URL, or a URL). */}}
+{{- define "autellix.storeEnabled" -}}
+{{- if or .Values.store.deploy .Values.store.urlSecret.name .Values.store.url }}true{{ end }}
+{{- end }}
+
+{{/* The gateway's AUTELLIX_STORE (= --store) when the URL is the chart's store or in a Secret;
+     a plain store.url is passed as --store instead. */}}
+{{- define "autellix.storeEnv" -}}
+{{- if .Values.store.deploy }}
+- name: AUTELLIX_STORE
+  value: {{ printf "redis://%s.%s.svc:6379/0" (include "autellix.storeName" .) .Release.Namespace | quote }}
+{{- else if .Values.store.urlSecret.name }}
+- name: AUTELLIX_STORE
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.store.urlSecret.name }}, key: {{ .Values.store.urlSecret.key }}}
+{{- end }}
+{{- end }}

@@ -1,0 +1,117 @@
+"""The chart's Envoy, xDS Service, gateway replicas (HPA, PDBs) and shared store (issue 17), rendered by
+real helm (the value sets ``mesh`` and ``mesh-external-store`` of ``test_chart.py``, which also validates
+every manifest of them with kubernetes-validate --strict)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from autellix.mesh.envoy import bootstrap
+from tests.chart import test_chart as chart
+from tests.chart.test_chart import NAMESPACE, RELEASE, command_options, container, one
+
+#: test_chart.py's fixtures (helm, rendering per value set), used here by name.
+helm = chart.helm
+render = chart.render
+Render = Callable[[str], list[dict[str, Any]]]
+PREFIX = f"{RELEASE}-autellix"
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict[str, str], deployment: dict[str, Any]) -> bool:
+    return selector.items() <= pod_labels(deployment).items()
+
+
+def test_envoy_bootstrap_is_the_one_the_mesh_module_builds(render: Render) -> None:
+    """Envoy's ConfigMap says what autellix.mesh.envoy.bootstrap() says, pointed at the operator's xDS Service."""
+    docs = render("mesh")
+    config = one(docs, "ConfigMap", "-envoy-bootstrap")
+    xds = one(docs, "Service", "-operator-xds")
+    expected = bootstrap("autellix-envoy", f"{xds['metadata']['name']}.{NAMESPACE}.svc",
+                         xds["spec"]["ports"][0]["port"], admin_port=9901).to_dict()
+    assert json.loads(config["data"]["bootstrap.json"]) == expected
+    assert expected["staticResources"]["clusters"][0]["type"] == "STRICT_DNS"  # a Service name, resolved by DNS
+
+
+def test_envoy_is_the_endpoint_and_the_operator_serves_its_xds(render: Render) -> None:
+    docs = render("mesh")
+    envoy = one(docs, "Deployment", "-envoy")
+    assert envoy["spec"]["replicas"] == 2
+    service = one(docs, "Service", "-envoy")
+    assert selects(service["spec"]["selector"], envoy) and service["spec"]["ports"][0]["targetPort"] == "http"
+    assert envoy["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 8000
+    volumes = envoy["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "bootstrap", "configMap": {"name": f"{PREFIX}-envoy-bootstrap"}} in volumes
+    # every operator replica serves xDS: the Service selects all of them, on their xds port
+    operator = one(docs, "Deployment", "-operator")
+    xds = one(docs, "Service", "-operator-xds")
+    assert selects(xds["spec"]["selector"], operator)
+    op = container(docs, "operator")
+    assert xds["spec"]["ports"][0]["targetPort"] in {p["name"] for p in op["ports"]}
+    args = dict(a.split("=", 1) for a in op["args"] if "=" in a)
+    assert args["--xds-port"] == str(xds["spec"]["ports"][0]["port"])
+    assert args["--xds-gateway-service"] == one(docs, "Service", "-gateway")["metadata"]["name"]
+    assert args["--xds-namespace"] == NAMESPACE and args["--xds-listen-port"] == "8000"
+    assert {a.split("=", 1)[0] for a in op["args"]} <= command_options("operator")
+    # the operator's Role in the release namespace lets it watch the gateway Service's EndpointSlices
+    leader = one(docs, "Role", "-operator-leader")
+    assert {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]} \
+        in leader["rules"]
+
+
+def test_gateway_replicas_share_the_chart_store_and_scale_with_an_hpa(render: Render) -> None:
+    docs = render("mesh")
+    gateway = one(docs, "Deployment", "-gateway")
+    assert "replicas" not in gateway["spec"]  # the HPA's
+    hpa = one(docs, "HorizontalPodAutoscaler", "-gateway")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": gateway["metadata"]["name"]}
+    gw = container(docs, "gateway")
+    assert {a.split("=", 1)[0] for a in gw["args"]} <= command_options("gateway")
+    assert "--shutdown-grace=30" in gw["args"]
+    assert gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45  # grace + 15 s
+    env = {e["name"]: e for e in gw["env"]}
+    store = one(docs, "Service", "-store")
+    assert env["AUTELLIX_STORE"]["value"] == f"redis://{store['metadata']['name']}.{NAMESPACE}.svc:6379/0"
+    assert env["AUTELLIX_REPLICA_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    valkey = one(docs, "Deployment", "-store")
+    assert selects(store["spec"]["selector"], valkey)
+    # only gateway pods reach the store; Envoy's pods reach the gateways' OpenAI port
+    store_policy = one(docs, "NetworkPolicy", "-store")
+    assert store_policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items() \
+        <= pod_labels(gateway).items()
+    gateway_policy = one(docs, "NetworkPolicy", "-gateway")
+    openai = gateway_policy["spec"]["ingress"][0]
+    assert any("podSelector" in peer and selects(peer["podSelector"]["matchLabels"], one(docs, "Deployment", "-envoy"))
+               for peer in openai["from"])
+    # one voluntary disruption at a time, for gateways and for Envoys
+    for component in ("gateway", "envoy"):
+        budget = one(docs, "PodDisruptionBudget", f"-{component}")
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert selects(budget["spec"]["selector"]["matchLabels"], one(docs, "Deployment", f"-{component}"))
+
+
+def test_an_external_store_comes_from_a_secret(render: Render) -> None:
+    docs = render("mesh-external-store")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-store")]
+    env = {e["name"]: e for e in container(docs, "gateway")["env"]}
+    assert env["AUTELLIX_STORE"]["valueFrom"] == {"secretKeyRef": {"name": "redis-url", "key": "url"}}
+    assert one(docs, "Deployment", "-gateway")["spec"]["replicas"] == 2
+    assert one(docs, "Deployment", "-envoy")["spec"]["replicas"] == 3
+    assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+
+
+def test_one_gateway_without_mesh_has_no_store_envoy_or_budget(render: Render) -> None:
+    docs = render("defaults")
+    assert not [d for d in docs if d["kind"] in ("HorizontalPodAutoscaler", "ConfigMap") and "envoy" in
+                d["metadata"]["name"]]
+    assert not [d for d in docs if d["metadata"]["name"].endswith(("-envoy", "-store", "-operator-xds"))]
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"].endswith("-gateway")]
+    gw = container(docs, "gateway")
+    assert "AUTELLIX_STORE" not in {e["name"] for e in gw["env"]}
+    assert not [a for a in container(docs, "operator")["args"] if a.startswith("--xds")]

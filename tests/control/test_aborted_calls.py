@@ -1,0 +1,79 @@
+"""A call whose client left is charged the model time the engine spent on it (no free service)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from autellix.backends import CallOutcome
+from autellix.control import Attempt, EngineFailure
+from autellix.protocol import CallRecord
+from autellix.sim.virtual_loop import run_virtual
+from tests.control.test_controller import VirtualEngines, controller, spec
+
+
+class RecordingEngines(VirtualEngines):
+    """Keeps the scheduler's record of every call: ``service`` seconds of model time each."""
+
+    def __init__(self, service: float) -> None:
+        super().__init__({"e0": "m"})
+        self.service, self.asked = service, 0
+
+    async def call_record(self, url: str, call_id: str) -> CallRecord | None:
+        self.asked += 1
+        return CallRecord(call=call_id, program="p", finished=False, service_s=self.service, wait_s=0.0, steps=3,
+                          promotions=0, demotions=0, preemptions=0)
+
+
+def test_a_client_that_leaves_after_its_tokens_is_charged_the_engine_time() -> None:
+    async def main() -> tuple[float, int]:
+        engines = RecordingEngines(service=0.8)
+        c = controller(engines)
+        await c.store.open("p", 0.0)
+
+        async def send(attempt: Attempt) -> None:
+            await asyncio.sleep(1.0)  # the engine generated everything...
+            raise asyncio.CancelledError  # ...and the client hung up before [DONE]
+
+        with pytest.raises(asyncio.CancelledError):
+            await c.call(spec("p"), send)
+        entry = c.store.entry("p")
+        return entry.service, engines.asked
+
+    (service, asked), _ = run_virtual(main())
+    assert service == pytest.approx(0.8) and asked == 1
+
+
+def test_a_cut_stream_without_a_record_is_charged_its_priced_tokens() -> None:
+    async def main() -> float:
+        engines = VirtualEngines({"e0": "m"})  # no scheduler record; 0.01 s a token
+        c = controller(engines)
+        await c.store.open("p", 0.0)
+
+        async def send(attempt: Attempt) -> None:
+            await asyncio.sleep(2.0)
+            await attempt.settle(CallOutcome(200, completion_tokens=50, broken=True))
+
+        await c.call(spec("p"), send)
+        return c.store.entry("p").service
+
+    service, _ = run_virtual(main())
+    assert service == pytest.approx(0.5)
+
+
+def test_an_engine_that_failed_is_not_asked_and_nothing_is_charged() -> None:
+    async def main() -> tuple[float, int]:
+        engines = RecordingEngines(service=0.8)
+        c = controller(engines, max_attempts=1)
+
+        async def send(attempt: Attempt) -> None:
+            raise EngineFailure("connect", retryable=True)
+
+        await c.store.open("p", 0.0)
+        with pytest.raises(Exception, match="failed before answering"):
+            await c.call(spec("p"), send)
+        return c.store.entry("p").service, engines.asked
+
+    (service, asked), _ = run_virtual(main())
+    assert service == 0.0 and asked == 0

@@ -1,0 +1,74 @@
+"""The admin plane on its own listener with its own keys: engines, drain, calls, sessions on a tenant's behalf."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from autellix.control.keys import KeyRing, KeySource
+from autellix.gateway.admin import create_admin_app
+from autellix.gateway.app import Gateway
+from tests.gateway.standins import gateway_app, stand_ins
+
+ADMIN_KEY = "admin-" + "k" * 20
+
+
+@contextlib.asynccontextmanager
+async def admin_listener(gateway: Gateway, keys: KeyRing | None) -> AsyncIterator[str]:
+    runner = web.AppRunner(create_admin_app(gateway, keys), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+async def call(method: str, url: str, body: Any = None, key: str | None = ADMIN_KEY) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as http, http.request(method, url, json=body, headers=headers) as r:
+        return r.status, await r.json(content_type=None)
+
+
+@pytest.mark.asyncio
+async def test_admin_key_opens_sessions_for_a_tenant_and_drains(tmp_path: Path) -> None:
+    keys_file = tmp_path / "admin-keys"
+    keys_file.write_text(f"operator {ADMIN_KEY}\n")
+    keys = KeyRing([KeySource(path=keys_file)], environ={})
+    async with stand_ins("ok") as (engine,), gateway_app([engine.url], poll_interval=0.05) as (_base, gateway), \
+            admin_listener(gateway, keys) as admin:
+        # no key, a wrong key: 401 in OpenAI's shape, nothing changes
+        for key in (None, "wrong-key-of-some-length"):
+            status, body = await call("POST", admin + "/admin/sessions", {"tenant": "team-a"}, key=key)
+            assert status == 401 and body["error"]["code"] == "invalid_admin_key"
+        assert not list(gateway.store.programs())
+
+        status, opened = await call("POST", admin + "/admin/sessions", {"tenant": "team-a"})
+        assert status == 201 and opened["tenant"] == "team-a"
+        sid = opened["id"]
+        assert (await gateway.store.load(sid)).owner == "team-a"  # the tenant's, not the operator's
+        status, view = await call("GET", f"{admin}/admin/sessions/{sid}")
+        assert status == 200 and view["tenant"] == "team-a" and view["calls_done"] == 0
+        for bad in ({"tenant": "no/slashes"}, {"tenant": 3}, {"owner": "x"}, [1]):
+            status, body = await call("POST", admin + "/admin/sessions", bad)
+            assert status == 400 and body["error"]["param"] == "tenant"
+        status, ended = await call("DELETE", f"{admin}/admin/sessions/{sid}")
+        assert status == 200 and ended["deleted"] is True
+        status, body = await call("GET", f"{admin}/admin/sessions/{sid}")
+        assert status == 404 and "ended" in body["error"]["message"]
+
+        status, engines = await call("GET", admin + "/admin/engines")
+        assert status == 200 and [e["url"] for e in engines["data"]] == [engine.url]
+        status, drained = await call("POST", admin + "/admin/engines/drain", {"url": engine.url})
+        assert status == 200 and drained["draining"] is True
+        status, body = await call("POST", admin + "/admin/engines/drain", {"url": "http://nowhere"})
+        assert status == 400 and body["error"]["code"] == "engine_not_found"
+        status, calls = await call("GET", admin + "/admin/calls?limit=5")
+        assert status == 200 and calls["object"] == "list"

@@ -1,0 +1,114 @@
+"""Streams the relay used to break, and the attempt timeouts, against stand-in engines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.gateway.standins import MODEL, gateway_app
+
+BIG = "x" * (1024 * 1024)  # a 1 MiB SSE line (logprobs can do this)
+
+
+class StreamEngine:
+    """Streams one huge event then [DONE] (``big``), or one event then silence (``stall``)."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour, self.url = behaviour, ""
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        if not body.get("stream"):
+            await asyncio.sleep(5 if self.behaviour == "stall" else 0)
+            return web.json_response({"choices": []})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        event = {"id": "x", "choices": [{"index": 0, "delta": {"content": BIG if self.behaviour == "big" else "a"}}]}
+        await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+        if self.behaviour == "stall":
+            await asyncio.sleep(5)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[StreamEngine]:
+        async def health(_: web.Request) -> web.Response:
+            return web.json_response({})
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text="")
+
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": MODEL}]})
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", self.call)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)  # stalled handlers: do not wait
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        try:
+            yield self
+        finally:
+            await runner.cleanup()
+
+
+async def ready(gateway: Any) -> None:
+    for _ in range(200):
+        if gateway.pool is not None and gateway.pool.loads():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("no engine joined")
+
+
+async def stream(base: str) -> list[bytes]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(base + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200
+        raw = await r.read()  # the whole chunked body: a broken one raises here
+    return [line for line in raw.split(b"\n\n") if line]
+
+
+@pytest.mark.asyncio
+async def test_a_megabyte_sse_line_is_relayed_whole() -> None:
+    async with StreamEngine("big").serving() as engine, gateway_app([engine.url], poll_interval=0.05) as (base, gw):
+        await ready(gw)
+        events = await stream(base)
+        assert len(events) == 2 and events[-1] == b"data: [DONE]"
+        assert orjson.loads(events[0][6:])["choices"][0]["delta"]["content"] == BIG
+
+
+@pytest.mark.asyncio
+async def test_a_stream_silent_past_the_idle_timeout_ends_with_an_error_event() -> None:
+    async with StreamEngine("stall").serving() as engine, \
+            gateway_app([engine.url], poll_interval=0.05, idle_read_timeout=0.3) as (base, gw):
+        await ready(gw)
+        started = time.monotonic()
+        events = await stream(base)
+        assert time.monotonic() - started < 5
+        assert b'"stream_interrupted"' in events[-1]  # never a silent truncation
+
+
+@pytest.mark.asyncio
+async def test_a_whole_call_past_its_timeout_is_an_error_not_a_hang() -> None:
+    async with StreamEngine("stall").serving() as engine, \
+            gateway_app([engine.url], poll_interval=0.05, whole_timeout=0.3) as (base, gw):
+        await ready(gw)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http, http.post(base + "/v1/chat/completions", json=body) as r:
+            answer = await r.json()
+        assert time.monotonic() - started < 5
+        assert r.status == 502 and answer["error"]["code"] == "engine_failed"
