@@ -216,9 +216,9 @@ def metrics(base: str) -> dict[str, float]:
 
 def engine_round(label: str, pool: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """A fresh engine, the programs, the engine's counters."""
+    from autellix.child_processes import free_port
     from autellix.engine.kv_connector import kv_transfer_args
     from autellix.engine.launch import start_engine, stop_engine, wait_ready
-    from autellix.gateway.process import free_port
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"kv-swap-{label}-"))
     engine = start_engine(free_port(), log_dir=log_dir, max_num_seqs=args.max_num_seqs, kv_blocks=args.kv_blocks,

@@ -15,7 +15,8 @@ import yaml
 
 from autellix.backends import BACKENDS
 from autellix.cli import app
-from autellix.core.config import BALANCERS, POLICIES
+from autellix.core.balancers import balancer_from_config
+from autellix.core.config import BALANCERS, POLICIES, SchedulerConfig
 from autellix.core.policies import policy_by_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,11 @@ def cli_options(field: str) -> list[tuple[str, str]]:
 
 def test_every_policy_name_builds_its_policy() -> None:
     assert [policy_by_name(n).name for n in POLICIES] == list(POLICIES)
+
+
+def test_every_balancer_name_builds_its_balancer() -> None:
+    built = [balancer_from_config(SchedulerConfig().with_overrides(balancer=n)) for n in BALANCERS]
+    assert [b.name for b in built] == list(BALANCERS)
 
 
 def test_the_crds_list_the_registered_names() -> None:

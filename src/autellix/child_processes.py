@@ -16,6 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM (a graceful stop: Envoy and the gateway drain), then SIGKILL after ``timeout``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 def free_port() -> int:
     return free_ports(1)[0]
 
@@ -55,11 +67,7 @@ def autellix_process(args: list[str], port: int, *, ready_path: str = "/health",
             time.sleep(0.3)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 #: Gateway base URL -> its admin listener's, for the gateways ``gateway_process`` started.

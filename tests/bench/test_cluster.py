@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from autellix.bench.cluster import ClusterSettings, latency_ratios, run_balancers, run_scaling
-from autellix.bench.data import ENV_VAR, workloads_available
-from autellix.bench.sweep import highest_rate_under
+from autellix.workloads.data import ENV_VAR, workloads_available
+from autellix.workloads.metrics import highest_rate_under
 
 needs_data = pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
 #: Fast and small: few programs, engines four times faster than the profile.

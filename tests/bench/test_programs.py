@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from autellix.bench.data import ENV_VAR, workloads_available, workloads_dir
-from autellix.bench.programs import CONTEXT_LIMIT, AgentProgram, make_programs
+from autellix.workloads import CONTEXT_LIMIT, AgentProgram, make_programs
+from autellix.workloads.data import ENV_VAR, workloads_available, workloads_dir
 
 #: From /work/shared/workloads/README.md: calls per program, prefill and decode tokens per call.
 PAPER = {

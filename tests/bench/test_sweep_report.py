@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autellix.bench.sweep import loaded_comparison, sustained_rates
+from autellix.workloads.metrics import loaded_comparison, sustained_rates
 
 
 def row(mean: float, p99: float | None = None) -> dict[str, float]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autellix.bench.data import ENV_VAR, workloads_available
 from autellix.bench.sweep import ENGINE_SETTINGS, SYSTEMS, run_sweep, write_report
+from autellix.workloads.data import ENV_VAR, workloads_available
 
 pytest.importorskip("matplotlib")
 

@@ -19,9 +19,9 @@ import redis
 import redis.asyncio as aioredis
 
 from autellix.child_processes import free_port
+from autellix.control.redis_store import _MERGE, RedisProgramStore
 from autellix.control.store import ProgramStore
 from autellix.core import PLAS, DuplicateProgram
-from autellix.mesh.redis_store import _MERGE, RedisProgramStore
 
 pytestmark = pytest.mark.skipif(not os.environ.get("CI") and shutil.which("redis-server") is None,
                                 reason="needs Debian's redis-server (.ci/run installs it)")

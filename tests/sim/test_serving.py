@@ -9,14 +9,14 @@ import random
 import pytest
 from typer.testing import CliRunner
 
-from autellix.bench.data import workloads_available
-from autellix.bench.programs import AgentProgram, fit_messages, make_programs
 from autellix.cli import app
 from autellix.core import SchedulerConfig
 from autellix.sim.cost_model import StepCost
 from autellix.sim.engine_model import EngineModel, EngineProfile
 from autellix.sim.serving import render, sim_summary, simulate_programs, speed_stats
 from autellix.sim.virtual_loop import Deadlock, run_virtual
+from autellix.workloads import AgentProgram, fit_messages, make_programs
+from autellix.workloads.data import workloads_available
 
 PROFILE = EngineProfile("test", block_size=16, kv_blocks=4000, max_num_seqs=8, max_num_batched_tokens=512,
                         cost=StepCost(overhead=0.01, per_prefill_token=2e-5, per_decode_seq=1e-3, per_kv_token=1e-8))
@@ -192,13 +192,13 @@ def test_decode_runs_give_the_same_outcome_as_single_steps(monkeypatch: pytest.M
 
 
 def test_client_priority_buckets_the_programs_own_token_count_by_doubling() -> None:
-    from autellix.bench.runner import client_priority
+    from autellix.workloads import client_priority
 
     assert [client_priority(n) for n in (0, 63, 64, 127, 128, 255, 256, 10_000)] == [0, 0, 1, 1, 2, 2, 3, 8]
 
 
 def test_client_plas_programs_send_their_own_bucketed_token_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autellix.bench.runner import client_priority
+    from autellix.workloads import client_priority
 
     seen: list[tuple[str | None, int]] = []
     original = EngineModel.add

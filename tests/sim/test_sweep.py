@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autellix.bench.data import workloads_available
 from autellix.cli import app
 from autellix.sim.engine_model import EngineProfile
 from autellix.sim.fidelity import compare, compare_file
 from autellix.sim.sweep import Load, figure12, figure14, write_report
+from autellix.workloads.data import workloads_available
 
 pytestmark = pytest.mark.skipif(not workloads_available(), reason="workload data not found")
 A100 = EngineProfile.load("a100-llama3.1-8b")

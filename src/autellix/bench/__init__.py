@@ -1,5 +1,3 @@
-"""The program-level benchmark: agent programs built from the shared workload data."""
-
-from autellix.bench.programs import CALIBRATIONS, WORKLOADS, AgentProgram, make_programs
-
-__all__ = ["CALIBRATIONS", "WORKLOADS", "AgentProgram", "make_programs"]
+"""The program-level benchmark: the workloads' agent programs (``autellix.workloads``)
+against a live gateway or bare engines (``runner``), the sweep over rates and
+systems (``sweep``) and the emulated cluster (``cluster``)."""

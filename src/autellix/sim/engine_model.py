@@ -663,13 +663,6 @@ class EngineModel:
         """(sequences, KV tokens read) of the next pure decode step; each later one reads one more per sequence."""
         return len(self._running), sum(s.computed + 1 for s in self._running)
 
-    def decode_seconds(self, steps: int) -> float:
-        """How long the next ``steps`` pure decode steps of the running batch take."""
-        cost = self.profile.cost
-        d, kv0 = self.decode_batch()
-        return (steps * (cost.overhead + cost.per_decode_seq * d)
-                + cost.per_kv_token * (steps * kv0 + d * steps * (steps - 1) // 2))
-
     def _first_promotion(self) -> float:
         """The earliest time a waiting call could meet the core's anti-starvation
         condition, (program wait + call wait) >= beta x (program service + call

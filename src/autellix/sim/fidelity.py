@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autellix.bench.programs import make_programs
 from autellix.core import SchedulerConfig
 from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import SYSTEMS, sim_summary, simulate_programs
+from autellix.workloads import make_programs
 
 METRICS = ("mean_token_latency", "p99_token_latency", "programs_per_s", "mean_call_queue_s", "prefix_cache_hit_rate")
 

@@ -4,12 +4,13 @@ The same programs as ``autellix bench`` (``make_programs``, same seeds) run as
 coroutines on a virtual-clock loop (``virtual_loop``); their ``LLM`` is
 :class:`SimLLM`, which turns every chat call into a :class:`SimRequest` for
 one of the engine models, so a run is the benchmark's run with the engines,
-network and client replaced by the cost model. The gateway's part comes from
-the policy core, as in ``autellix.gateway.app``: the process table (program
-service and waiting time, sent to the engine as its ``vllm_xargs``; the queue
-level as vLLM's ``priority``), and the balancer (round robin, least used or
-Algorithm 2) over the engines' in-flight calls. Arrivals are Poisson as in
-``autellix.bench.runner`` and the metrics are its ``summarize``.
+network and client replaced by the cost model. The gateway's part is the
+gateway's own request controller (``autellix.control``) on the virtual clock:
+the program store (program service and waiting time, sent to the engine as its
+``vllm_xargs`` by the vLLM backend; the queue level as vLLM's ``priority``),
+and the balancer (round robin, least used or Algorithm 2) over the engines'
+in-flight calls. Arrivals are Poisson as in
+``autellix.bench.runner`` and the metrics are its (``autellix.workloads.metrics``).
 """
 
 from __future__ import annotations
@@ -17,23 +18,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autellix.bench.programs import MESSAGE_OVERHEAD, AgentProgram
-from autellix.bench.runner import (
-    CallStat,
-    ProgramStat,
-    RunResult,
-    client_priority,
-    poisson_arrivals,
-    summarize,
-)
-from autellix.core import ProcessTable, SchedulerConfig, balancer_from_config, policy_by_name
+from autellix.backends import CallOutcome, VllmBackend
+from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, RequestController
+from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.mlq import QueueSpec
+from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_WAIT, XARGS_FIELD
 from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
 from autellix.sim.virtual_loop import run_virtual
+from autellix.workloads import MESSAGE_OVERHEAD, AgentProgram, client_priority
+from autellix.workloads.metrics import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class SimSystem:
     prefix_caching: bool = True
     chunked_prefill: bool = True
     #: No gateway: each program sends its own bucketed token count as vLLM's
-    #: ``priority`` (``autellix.bench.runner.client_priority``).
+    #: ``priority`` (``autellix.workloads.client_priority``).
     client_priority: bool = False
 
 
@@ -189,58 +186,93 @@ class SimRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+class _SimEngines:
+    """The engine models as the request controller's ``EngineDirectory``.
+
+    Load is the engine's calls in flight, counted from the routing decision
+    (``begin``) until the engine model hands back the outcome (``_Engine._done``
+    takes it off), so calls routed at the same instant see each other's load.
+    The models never fail or hang, and the outcome carries the model time, so
+    the health and feedback hooks have nothing to do."""
+
+    def __init__(self, engines: dict[str, _Engine]) -> None:
+        self.engines = engines
+
+    def candidates(self, model: str, exclude: Collection[str] = ()) -> dict[str, float]:
+        return {name: float(e.inflight) for name, e in self.engines.items() if name not in exclude}
+
+    def begin(self, url: str) -> None:
+        self.engines[url].inflight += 1
+
+    def end(self, url: str) -> None:
+        pass
+
+    def answered(self, url: str) -> None:
+        pass
+
+    def failed(self, url: str, *, hung: bool) -> None:
+        pass
+
+    async def call_record(self, url: str, call_id: str) -> None:
+        return None
+
+    def seconds_per_token(self, url: str) -> float:
+        return 0.0
+
+
+#: The one model every simulated engine serves.
+SIM_MODEL = "sim"
+
+
 class SimGateway:
-    """The gateway's scheduling state: process table, queue levels, balancer, in-flight counts."""
+    """The gateway's request controller (``autellix.control``) on the virtual clock, against the engine models."""
 
     def __init__(self, system: SimSystem, config: SchedulerConfig, engines: dict[str, _Engine]) -> None:
         self.system = system
         self.policy = policy_by_name(system.policy or "fcfs")
-        self.table = ProcessTable(self.policy)
-        self.queues = QueueSpec.from_config(config) if self.policy.places_by_priority else None
-        self.balancer = balancer_from_config(config)
+        self.store = MemoryProgramStore(self.policy)
+        #: The process table behind the store (``bench/session_cycling.py`` wraps its start and end).
+        self.table = self.store.table
         self.engines = engines
-        self._ids = itertools.count()
+        ids = itertools.count()
+        self.controller = RequestController(
+            store=self.store, engines=_SimEngines(engines), backend=VllmBackend(),
+            balancer=balancer_from_config(config), queues=QueueSpec.from_config(config), policy=self.policy,
+            # bare engines (no gateway) get no priority from it
+            send_priority=system.policy is not None and self.policy.places_by_priority,
+            clock=asyncio.get_running_loop().time, call_ids=lambda: f"c{next(ids)}")
 
     async def call(self, program_id: str, thread: str | None, prompt: bytes, max_tokens: int,
                    stat: CallStat, output: bytes | None = None, generated: int = 0) -> RequestOutcome:
         """One call; ``generated``: the tokens its program has generated so far
         (what a ``client-plas`` program sends, bucketed, as its priority)."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        call_id = f"c{next(self._ids)}"
-        self.table.call_arrived(program_id, call_id, start, thread_id=thread)
-        entry = self.table[program_id]
-        loads = {name: float(e.inflight) for name, e in self.engines.items()}
-        route = self.balancer.choose(loads, prompt_tokens=len(prompt), pinned=entry.pinned_engine)
-        self.table.pin(program_id, route.pin)
-        self.table.call_routed(program_id, call_id, route.engine)
         gateway = self.system.policy is not None
-        priority = 0
-        if gateway and self.queues is not None:
-            priority = self.queues.level_for(entry.service)
-        elif self.system.client_priority:
-            priority = client_priority(generated)
-        request = SimRequest(call_id, prompt, max_tokens, program_id=program_id if gateway else None,
-                             thread_id=thread, priority=priority,
-                             service=entry.service if gateway else None, wait=entry.waiting if gateway else None,
-                             output=output)
-        engine = self.engines[route.engine]
-        # in flight from the routing decision on, as the gateway counts: calls routed
-        # at the same moment see each other's load
-        engine.inflight += 1
-        if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
-            await asyncio.sleep(engine.model.profile.call_overhead)
-        try:
-            outcome = await engine.submit(request, stat)
-        except ValueError:
-            engine.inflight -= 1
-            raise
-        now = loop.time()
-        wall = now - start
-        model_time = min(wall, outcome.model_time)
-        self.table.call_finished(program_id, call_id, now, model_time=model_time, wait=wall - model_time,
-                                 prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.output_tokens)
-        return outcome
+
+        async def send(attempt: Attempt[RequestOutcome]) -> RequestOutcome:
+            # the engine model reads what the backend put in the body, as the plugin does
+            xargs = attempt.body[XARGS_FIELD]
+            priority = attempt.body.get(PRIORITY_FIELD, 0)
+            if not gateway and self.system.client_priority:
+                priority = client_priority(generated)
+            request = SimRequest(attempt.call_id, prompt, max_tokens, program_id=program_id if gateway else None,
+                                 thread_id=thread, priority=priority,
+                                 service=xargs[XARG_SERVICE] if gateway else None,
+                                 wait=xargs[XARG_WAIT] if gateway else None, output=output)
+            engine = self.engines[attempt.engine]
+            if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
+                await asyncio.sleep(engine.model.profile.call_overhead)
+            try:
+                outcome = await engine.submit(request, stat)
+            except ValueError:  # refused (as a 400 would be): the model never counted it in flight
+                engine.inflight -= 1
+                raise
+            await attempt.settle(CallOutcome(200, completion_tokens=outcome.output_tokens,
+                                             prompt_tokens=outcome.prompt_tokens, model_time=outcome.model_time))
+            return outcome
+
+        spec = CallSpec(path=CHAT_COMPLETIONS_PATH, body={}, model=SIM_MODEL,
+                        owner=CallOwner(program_id, thread, ephemeral=False), prompt_tokens=len(prompt))
+        return await self.controller.call(spec, send)
 
 
 class SimLLM:
@@ -308,14 +340,14 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
         async def one(program: AgentProgram) -> None:
             stat = ProgramStat(program.program_id, program.workload, loop.time())
             stats.append(stat)
-            gateway.table.start(program.program_id, loop.time())
+            await gateway.store.open(program.program_id, loop.time())
             try:
                 await program.run(SimLLM(gateway, stat, calls))
             except ValueError as exc:  # the engine refused a call (as a 400 would): this program fails
                 stat.error = f"{type(exc).__name__}: {exc}"
             finally:
                 stat.finish = loop.time()
-                gateway.table.end(program.program_id)
+                await gateway.store.end(program.program_id, remember=False)
 
         # one arrival at a time: a timer per waiting program would make the loop's heap huge
         tasks = []

@@ -5,7 +5,7 @@ Figure 12: one engine, five workloads, the systems (``vllm``: FCFS, no prefix
 cache, no chunked prefill; ``vllm-opt``: FCFS with both; ``client-plas``;
 ``mlfq``; ``plas``; ``autellix``),
 mean program token latency against arrival rate, and each system's sustained
-rate under a latency bound (``autellix.bench.sweep.sustained_rates``: the
+rate under a latency bound (``autellix.workloads.metrics.sustained_rates``: the
 throughput ratio at equal latency that the paper reports).
 
 Figures 14/15: ``autellix`` on 1, 2, 4 and 8 engines behind each balancer
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autellix.bench.programs import make_programs
-from autellix.bench.sweep import loaded_comparison, sustained_rates
 from autellix.core import SchedulerConfig
 from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs, speed_stats
+from autellix.workloads import make_programs
+from autellix.workloads.metrics import loaded_comparison, sustained_rates
 
 FIGURE12_SYSTEMS = ("vllm", "vllm-opt", "client-plas", "mlfq", "plas", "autellix")
 BALANCERS = {"round_robin": "round robin", "least_used": "least used", "autellix": "Algorithm 2"}

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from autellix.core import MultiLevelQueue, Policy, ProcessTable, SchedulerConfig
 from autellix.core.mlq import QueuedCall
-from autellix.sim.metrics import mean, percentile
 from autellix.sim.workloads import CallSpec, ProgramSpec
+from autellix.stats import mean, percentile
 
 
 @dataclass

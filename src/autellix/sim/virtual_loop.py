@@ -1,6 +1,6 @@
 """An asyncio event loop on a virtual clock: simulated time, real coroutines.
 
-The agent programs are ordinary async functions (``autellix.bench.programs``):
+The agent programs are ordinary async functions (``autellix.workloads``):
 they ``await`` LLM calls, ``asyncio.sleep`` through tools and ``gather``
 parallel branches. Run on this loop, they run unchanged in simulated time:
 whenever nothing is ready to run, the loop jumps its clock to the next timer
@@ -13,7 +13,6 @@ deliver) and raises.
 from __future__ import annotations
 
 import asyncio
-import math
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -52,15 +51,6 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual.now
-
-    def next_event(self) -> float:
-        """When the next callback runs: now if one is ready, else the earliest live timer (inf: none)."""
-        if self._ready:  # type: ignore[attr-defined]
-            return self._virtual.now
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        if scheduled and not scheduled[0].cancelled():
-            return scheduled[0].when()
-        return min((h.when() for h in scheduled if not h.cancelled()), default=math.inf)
 
 
 def run_virtual(main: Coroutine[Any, Any, T]) -> tuple[T, float]:

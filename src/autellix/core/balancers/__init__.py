@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autellix.core.balancers.autellix import LocalityBalancer
 from autellix.core.balancers.base import Balancer, NoEngine, Route, least_used_engine
 from autellix.core.balancers.least_used import LeastUsedBalancer
 from autellix.core.balancers.round_robin import RoundRobinBalancer
 from autellix.core.config import BALANCERS, ConfigError, SchedulerConfig
 
+#: Each balancer name (``core.config.BALANCERS``, the one list the CLI, CRD and chart
+#: show) to how it is built from the configuration; registered here once.
+_BY_NAME: dict[str, Callable[[SchedulerConfig], Balancer]] = {
+    "autellix": lambda config: LocalityBalancer(config.long_prompt_tokens),
+    "least_used": lambda config: LeastUsedBalancer(),
+    "round_robin": lambda config: RoundRobinBalancer(),
+}
+assert tuple(_BY_NAME) == BALANCERS
+
 
 def balancer_from_config(config: SchedulerConfig) -> Balancer:
-    if config.balancer == "autellix":
-        return LocalityBalancer(config.long_prompt_tokens)
-    if config.balancer == "least_used":
-        return LeastUsedBalancer()
-    if config.balancer == "round_robin":
-        return RoundRobinBalancer()
-    raise ConfigError(f"unknown balancer {config.balancer!r}; expected one of {', '.join(BALANCERS)}")
+    try:
+        build = _BY_NAME[config.balancer]
+    except KeyError:
+        raise ConfigError(f"unknown balancer {config.balancer!r}; expected one of {', '.join(BALANCERS)}") from None
+    return build(config)
 
 
 __all__ = [

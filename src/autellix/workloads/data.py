@@ -40,7 +40,7 @@ def workloads_dir(data_dir: Path | str | None = None) -> Path:
         path = Path(os.environ[ENV_VAR])
         origin = f"${ENV_VAR}"
     else:
-        # src/autellix/bench/data.py -> parents[3] is the repository root.
+        # src/autellix/workloads/data.py -> parents[3] is the repository root.
         path = Path(__file__).resolve().parents[3].parent / "shared" / "workloads"
         origin = "the default location"
     if not path.is_dir():
