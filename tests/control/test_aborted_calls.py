@@ -77,3 +77,39 @@ def test_an_engine_that_failed_is_not_asked_and_nothing_is_charged() -> None:
 
     (service, asked), _ = run_virtual(main())
     assert service == 0.0 and asked == 0
+
+
+class SlowRecordEngines(RecordingEngines):
+    """The engine's record takes a while to come (the plugin waits for the call to finish)."""
+
+    async def call_record(self, url: str, call_id: str) -> CallRecord | None:
+        await asyncio.sleep(5.0)
+        return await super().call_record(url, call_id)
+
+
+@pytest.mark.parametrize("outcome", [CallOutcome(200, completion_tokens=40),
+                                     CallOutcome(200, completion_tokens=40, broken=True)],
+                         ids=["finished", "cut"])
+def test_a_call_cancelled_while_its_record_is_fetched_still_leaves_the_table(outcome: CallOutcome) -> None:
+    """The client hangs up while the gateway asks the engine for the call's record: the call
+    must not stay active (its program would never expire); it is charged what is known."""
+    async def main() -> tuple[dict, float, int]:
+        engines = SlowRecordEngines(service=0.8)
+        c = controller(engines)
+        await c.store.open("p", 0.0)
+
+        async def send(attempt: Attempt) -> None:
+            await asyncio.sleep(1.0)
+            await attempt.settle(outcome)  # a stream settles before its [DONE]; the record is awaited
+
+        task = asyncio.ensure_future(c.call(spec("p"), send))
+        await asyncio.sleep(2.0)  # inside settle, waiting for the record
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        entry = c.store.entry("p")
+        return dict(entry.active), entry.service, entry.calls_done + entry.calls_aborted
+
+    (active, service, settled), _ = run_virtual(main())
+    assert active == {} and settled == 1
+    assert service == pytest.approx(0.4)  # 40 tokens at 0.01 s: priced, the record never came

@@ -100,3 +100,17 @@ def test_calls_charge_model_time_and_survive_a_flush(store: StoreFactory) -> Non
         assert not s.is_active("p", "c1") and [e.program_id for e in s.programs()] == ["p"] and len(s) == 1
 
     asyncio.run(run())
+
+
+def test_the_memory_store_forgets_ended_ids_after_the_idle_ttl() -> None:
+    """Session churn cannot grow the memory of ended ids: each is kept ``idle_ttl`` (here 10 s)."""
+    async def run() -> None:
+        s = MemoryProgramStore(policy_by_name("plas"), idle_ttl=10.0)
+        await s.open("a", 0.0)
+        await s.end("a")
+        await s.open("b", 9.0)
+        assert await s.ended("a")
+        await s.expire(10.5)  # a ended at 0 (the store's time when it ended): 10.5 s ago
+        assert not await s.ended("a") and await s.load("b") is not None
+
+    asyncio.run(run())

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from autellix.gateway.app import GATEWAY_KEY, SERVER_LIMITS, Gateway, GatewayConfig, create_app
+from autellix.gateway.errors import GatewayRunner
 
 MODEL = "stand-in"
 
@@ -113,7 +114,7 @@ async def gateway_app(urls: list[str], **config: Any) -> AsyncIterator[tuple[str
     """The gateway app ``autellix gateway`` serves, on a local port, in this event loop, with its
     admin listener on another (``Gateway.admin_url``; ``get_json`` sends admin paths there)."""
     app = create_app(GatewayConfig(engines=urls, **{"admin_port": 0, **config}))
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **SERVER_LIMITS)
+    runner = GatewayRunner(app, access_log=None, handler_cancellation=True, **SERVER_LIMITS)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

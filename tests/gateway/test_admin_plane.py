@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
 from autellix.control.keys import KeyRing, KeySource
 from autellix.gateway.admin import create_admin_app
 from autellix.gateway.app import Gateway
-from tests.gateway.standins import gateway_app, stand_ins
+from tests.gateway.standins import MODEL, gateway_app, stand_ins
 
 ADMIN_KEY = "admin-" + "k" * 20
 
@@ -72,3 +74,32 @@ async def test_admin_key_opens_sessions_for_a_tenant_and_drains(tmp_path: Path) 
         assert status == 400 and body["error"]["code"] == "engine_not_found"
         status, calls = await call("GET", admin + "/admin/calls?limit=5")
         assert status == 200 and calls["object"] == "list"
+
+
+@pytest.mark.asyncio
+async def test_tenants_see_engine_labels_never_addresses_and_the_admin_sees_urls() -> None:
+    from autellix.gateway.app import engine_label
+
+    async with stand_ins("ok") as (engine,), gateway_app([engine.url], poll_interval=0.05) as (base, gateway):
+        for _ in range(100):
+            if gateway.pool is not None and gateway.pool.loads():
+                break
+            await asyncio.sleep(0.02)
+        status, opened = await call("POST", base + "/v1/sessions", key=None)
+        sid = opened["id"]
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "y" * 20_000}]}  # long: it pins
+        async with aiohttp.ClientSession() as http, http.post(base + "/v1/chat/completions", json=body,
+                                                              headers={"X-Autellix-Session": sid}) as r:
+            assert r.status == 200, await r.text()
+        assert gateway.store.pins(sid) == {MODEL: engine.url}  # the store pins by address
+        label = engine_label(engine.url)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/v1/sessions/{sid}") as r:
+            raw = await r.text()
+        view = orjson.loads(raw)
+        assert view["engines"] == [label] and view["pins"] == {MODEL: label} and view["pinned_engine"] == label
+        assert engine.url not in raw and "127.0.0.1" not in raw  # no address, in any field
+        assert gateway.admin_url is not None
+        status, admin_view = await call("GET", f"{gateway.admin_url}/admin/sessions/{sid}", key=None)
+        assert status == 200 and admin_view["engines"] == [engine.url] and admin_view["pins"] == {MODEL: engine.url}
+        status, ended = await call("DELETE", f"{base}/v1/sessions/{sid}", key=None)
+        assert status == 200 and ended["engines"] == [label] and engine.url not in orjson.dumps(ended).decode()

@@ -113,7 +113,7 @@ def drain(base: str, url: str, *, undo: bool = False) -> dict:
 def session_call(base: str, sid: str, content: str) -> dict:
     status, body = http("POST", base + "/v1/chat/completions", chat(content), headers={"X-Autellix-Session": sid})
     assert status == 200, body
-    return http("GET", f"{base}/v1/sessions/{sid}")[1]
+    return http("GET", f"{admin_url(base)}/admin/sessions/{sid}")[1]  # the admin's view: engines by URL
 
 
 def new_session(base: str) -> str:

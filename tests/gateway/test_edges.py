@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.gateway.standins import MODEL, gateway_app, stand_ins
@@ -66,11 +68,44 @@ async def test_session_objects_carry_unix_timestamps() -> None:
         assert abs(created - time.time()) < 5  # Unix time, not the monotonic clock
 
 
+async def raw_request(base: str, head: bytes) -> tuple[int, bytes, bytes]:
+    """Send a raw request head (no client library limits); the status, headers and body back."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head)
+        await writer.drain()
+        raw = await reader.read()  # the gateway closes the connection after refusing a request
+    finally:
+        writer.close()
+    head_out, _, body = raw.partition(b"\r\n\r\n")
+    return int(head_out.split(b" ", 2)[1]), head_out, body
+
+
 @pytest.mark.asyncio
-async def test_an_oversized_header_is_answered_in_the_openai_shape() -> None:
-    async with stand_ins("ok") as (engine,), gateway_app([engine.url]) as (base, _):
+async def test_oversized_headers_and_request_lines_are_answered_in_the_openai_shape() -> None:
+    """Up to the parser's 64 KiB a session header is the gateway's own 400; beyond it aiohttp's
+    parser refuses the request before any middleware runs, and the answer is still OpenAI's shape
+    (431), never plain text, on the tenants' port and on the admin listener, and never echoes the
+    header back."""
+    async with stand_ins("ok") as (engine,), gateway_app([engine.url]) as (base, gw):
         status, answer = await post(base, chat(), {"x-session-id": "s" * 10_000})
-        assert status in (400, 431) and "error" in answer and answer["error"]["message"]
+        assert status == 400 and answer["error"]["code"] == "invalid_header"
+        secret = b"k" * 70_000
+        for target, head in [
+            (base, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-session-id: " + secret + b"\r\n\r\n"),
+            (base, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + b"\r\n\r\n"),
+            (base, b"GET /v1/sessions/" + secret + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
+            (gw.admin_url, b"GET /admin/engines HTTP/1.1\r\nHost: x\r\nx-" + secret + b": 1\r\n\r\n"),
+        ]:
+            assert target is not None
+            status, head_out, body = await raw_request(target, head)
+            assert status == 431 and b"application/json" in head_out.lower(), (head_out, body[:200])
+            error = orjson.loads(body)["error"]
+            assert error["code"] == "header_too_large" and error["type"] == "invalid_request_error"
+            assert "kkkk" not in error["message"]
+        status, head_out, body = await raw_request(base, b"NOT HTTP AT ALL\r\n\r\n")
+        assert status == 400 and orjson.loads(body)["error"]["code"] == "bad_http_request"
 
 
 def test_engine_errors_are_relayed_in_the_openai_shape() -> None:

@@ -32,7 +32,7 @@ def test_killing_an_engine_loses_no_program(engine_logs) -> None:
                     messages=[{"role": "user", "content": f"program {i} turn {turn}"}])
                 tokens += out.usage.completion_tokens
             await client.close()
-            entry = http("GET", f"{base}/v1/sessions/{sid}")[1]
+            entry = http("GET", f"{admin_url(base)}/admin/sessions/{sid}")[1]  # the admin's view: engine URLs
             http("DELETE", f"{base}/v1/sessions/{sid}")
             return tokens, entry["calls_done"], entry["engines"]
 

@@ -105,7 +105,7 @@ def test_a_program_using_two_models_keeps_a_pin_per_model(mixed: tuple[str, list
             "model": model, "messages": [{"role": "user", "content": f"{turn}{long}"}], "max_tokens": 2},
             headers={"X-Autellix-Session": sid})
         assert status == 200, answer
-    entry = http("GET", f"{gw}/v1/sessions/{sid}")[1]
+    entry = http("GET", f"{admin_url(gw)}/admin/sessions/{sid}")[1]  # the admin's view: engines by URL
     assert set(entry["pins"]) == {"alpha", "beta"}
     assert entry["pins"]["alpha"] in alpha and entry["pins"]["beta"] == beta[0]
     # one pin per model: before issue 16 the single pin was to an alpha engine, where

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -112,3 +113,64 @@ async def test_a_whole_call_past_its_timeout_is_an_error_not_a_hang() -> None:
             answer = await r.json()
         assert time.monotonic() - started < 5
         assert r.status == 502 and answer["error"]["code"] == "engine_failed"
+
+
+class FloodEngine(StreamEngine):
+    """Streams 64 KiB events as fast as its client reads them, until it disconnects."""
+
+    def __init__(self) -> None:
+        super().__init__("flood")
+        self.events_sent, self.disconnected = 0, asyncio.Event()
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        event = b"data: " + orjson.dumps({"id": "x", "choices": [{"index": 0, "delta": {"content": "y" * 65_536}}]})
+        try:
+            for _ in range(100_000):  # 6 GiB: a stream no test would see end
+                await response.write(event + b"\n\n")
+                self.events_sent += 1
+        except (ConnectionError, asyncio.CancelledError):
+            self.disconnected.set()
+            raise
+        return response
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_stops_reading_is_given_up_within_the_write_timeout_and_settled() -> None:
+    """A real client reads the response headers of its stream and then nothing: once its buffers
+    are full, the gateway gives the call up within ``write_timeout``, closes the engine's
+    connection (so the engine stops generating), and settles the call: it leaves the program's
+    active calls, the engine's in-flight count and its tenant's slot."""
+    async with FloodEngine().serving() as engine, \
+            gateway_app([engine.url], poll_interval=0.05, write_timeout=0.5) as (base, gw):
+        await ready(gw)
+        host, port = base.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills after a few KiB
+        sock.connect((host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        try:
+            body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True})
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"x-session-id: slow-reader\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")  # the stream began...
+            assert b" 200 " in head.split(b"\r\n")[0]
+            began = time.monotonic()  # ...and from here the client reads nothing
+            await asyncio.wait_for(engine.disconnected.wait(), 10)
+            for _ in range(100):
+                entry = await gw.store.load("slow-reader")
+                if entry is not None and not entry.active and gw.pool is not None and not any(
+                        e.inflight for e in gw.pool.engines.values()):
+                    break
+                await asyncio.sleep(0.05)
+            given_up_after = time.monotonic() - began
+        finally:
+            writer.close()  # a failed check must not leave the gateway's handler blocked on this client
+        assert entry is not None and not entry.active and entry.calls_done + entry.calls_aborted == 1
+        assert gw.pool is not None and [e.inflight for e in gw.pool.engines.values()] == [0]
+        assert gw.limiter.state(None, time.monotonic()).gate.running == 0
+        # given up in about write_timeout once the buffers filled, not after the engine's 6 GiB
+        assert given_up_after < 5 and engine.events_sent < 10_000

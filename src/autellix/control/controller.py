@@ -296,11 +296,13 @@ class RequestController:
         finally:
             if journal.result == "running":  # the client went away, or the transport failed
                 journal.result = "aborted"
-            await state.settle(None)
-            if owner.ephemeral:
-                ended = await self.store.end(program_id, remember=False)
-                if ended is not None and self.on_program_left is not None:
-                    self.on_program_left(ended, self.clock())
+            try:
+                await state.settle(None)
+            finally:  # a one-call program leaves with its call, even if the settlement was cancelled
+                if owner.ephemeral:
+                    ended = await self.store.end(program_id, remember=False)
+                    if ended is not None and self.on_program_left is not None:
+                        self.on_program_left(ended, self.clock())
 
 
 class _Settlement:
@@ -318,16 +320,39 @@ class _Settlement:
         if self.done:
             return
         self.done = True
-        c, store = self.c, self.c.store
+        c = self.c
         if outcome is not None:
             self.status = outcome.status
-        if not store.is_active(self.program_id, self.call_id):
+        if not c.store.is_active(self.program_id, self.call_id):
             return  # the session was ended while the call ran
+        record = None
+        try:
+            if self._asks_record(outcome):
+                assert self.engine is not None
+                record = await c.engines.call_record(self.engine, self.call_id)
+        finally:
+            # also when cancelled (the client left) while the record was awaited: charged without
+            # it, or the call would stay active and its program never expire
+            self._charge(outcome, record)
+
+    def _finished(self, outcome: CallOutcome | None) -> bool:
+        return outcome is not None and outcome.status == 200 and not outcome.broken and self.engine is not None
+
+    def _asks_record(self, outcome: CallOutcome | None) -> bool:
+        """Whether the engine's record of the call is worth waiting for: a finished call that did not
+        say its model time, or a call that did not finish at an engine that did not fail."""
+        if self._finished(outcome):
+            assert outcome is not None
+            return outcome.model_time is None
+        return self.engine is not None and self.engine != self.failed_at and (outcome is None or outcome.broken)
+
+    def _charge(self, outcome: CallOutcome | None, record: CallRecord | None) -> None:
+        c, store = self.c, self.c.store
+        if not store.is_active(self.program_id, self.call_id):
+            return
         wall = c.clock() - self.start
-        if outcome is None or outcome.status != 200 or outcome.broken or self.engine is None:
-            used = await self._used_by_abort(outcome)
-            if not store.is_active(self.program_id, self.call_id):
-                return
+        if not self._finished(outcome):
+            used = self._used_by_abort(outcome, record)
             if used > 0:  # a client that left (or a stream cut) still cost the engine this much
                 model_time = min(wall, used)
                 c.observer.settled("aborted", wall - model_time)
@@ -337,34 +362,30 @@ class _Settlement:
                 return
             store.call_aborted(self.program_id, self.call_id, c.clock(), wait=wall)
             return
+        assert outcome is not None and self.engine is not None
         if outcome.model_time is not None:
             model_time, source = outcome.model_time, "scheduler"
         else:
             # Model time, never queueing (docs/gateway.md): the engine's own record
             # when it keeps one, else what its answer said, else priced tokens.
-            record = await c.engines.call_record(self.engine, self.call_id)
             model_time, source = c.backend.model_time(record, outcome, c.engines.seconds_per_token(self.engine))
-            if not store.is_active(self.program_id, self.call_id):
-                return
         model_time = min(wall, max(0.0, model_time))
         wait = wall - model_time
         c.observer.settled(source, wait)
         store.call_finished(self.program_id, self.call_id, c.clock(), model_time=model_time, wait=wait,
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens)
 
-    async def _used_by_abort(self, outcome: CallOutcome | None) -> float:
+    def _used_by_abort(self, outcome: CallOutcome | None, record: CallRecord | None) -> float:
         """Model time a call that did not finish consumed: a client that disconnected after its
         last token but before ``[DONE]``, or mid-stream, must not get that time for free. The
         engine's record when its scheduler keeps one (prefill included), else the tokens it
         was seen to generate, priced; 0 when the engine answered with an error or failed."""
-        c = self.c
         if self.engine is None or self.engine == self.failed_at or (outcome is not None and not outcome.broken):
             return 0.0
-        record = await c.engines.call_record(self.engine, self.call_id)
         if record is not None:
             return record.service_s
         if outcome is not None and outcome.completion_tokens:
-            return outcome.completion_tokens * c.engines.seconds_per_token(self.engine)
+            return outcome.completion_tokens * self.c.engines.seconds_per_token(self.engine)
         return 0.0
 
 

@@ -49,13 +49,14 @@ simulator its virtual one.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
+from autellix.control.recent import RecentIds
 from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, UnknownProgram
 
-#: Ended ids remembered so that late calls get a clear 404 (bounded).
+#: Ended ids remembered so that late calls get a clear 404: at most this many (about 200 bytes
+#: each), and each for ``ended_ttl`` seconds (``autellix.control.recent``).
 ENDED_MEMORY = 100_000
 
 
@@ -139,25 +140,36 @@ class MemoryProgramStore:
     """The default: everything in this process (one gateway, the simulator).
 
     Wraps the policy core's ``ProcessTable`` (its behaviour unchanged) and adds
-    pins per model and the memory of ended ids."""
+    pins per model and the memory of ended ids: an id is remembered for
+    ``ended_ttl`` seconds (default: ``idle_ttl``, as long as an idle program is
+    kept; a call later than that finds the id unknown), at most ``ended_memory``
+    ids, so under steady session churn the memory stops growing after
+    ``ended_ttl``. Its clock is the latest ``now`` passed to any method (an end
+    is not told the time: it happens at the store's latest time)."""
 
-    def __init__(self, policy: Policy, *, idle_ttl: float = math.inf, ended_memory: int = ENDED_MEMORY) -> None:
+    def __init__(self, policy: Policy, *, idle_ttl: float = math.inf, ended_memory: int = ENDED_MEMORY,
+                 ended_ttl: float | None = None) -> None:
         self.table = ProcessTable(policy, idle_ttl=idle_ttl)
         self.policy = policy
         self.idle_ttl = idle_ttl
         self._pins: dict[str, dict[str, str]] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()
-        self._ended_memory = ended_memory
+        self._ended = RecentIds(ended_memory, ended_ttl if ended_ttl is not None else idle_ttl)
+        self._now = -math.inf
+
+    def _tick(self, now: float) -> float:
+        self._now = max(self._now, now)
+        return now
 
     # ---- sessions ------------------------------------------------------------------------
     async def open(self, program_id: str, now: float, *, owner: str | None = None,
                    implicit: bool = False) -> ProgramEntry:
-        return self.table.start(program_id, now, owner=owner, implicit=implicit)
+        return self.table.start(program_id, self._tick(now), owner=owner, implicit=implicit)
 
     async def load(self, program_id: str) -> ProgramEntry | None:
         return self.table.get(program_id)
 
     async def ended(self, program_id: str) -> bool:
+        self._ended.forget_old(self._now)
         return program_id in self._ended
 
     async def end(self, program_id: str, *, remember: bool = True) -> ProgramEntry | None:
@@ -170,7 +182,8 @@ class MemoryProgramStore:
         return entry
 
     async def expire(self, now: float) -> list[ProgramEntry]:
-        expired = self.table.expire(now)
+        expired = self.table.expire(self._tick(now))
+        self._ended.forget_old(now)
         for entry in expired:
             self._pins.pop(entry.program_id, None)
             self._remember_ended(entry.program_id)
@@ -180,9 +193,7 @@ class MemoryProgramStore:
         return None
 
     def _remember_ended(self, program_id: str) -> None:
-        self._ended[program_id] = None
-        while len(self._ended) > self._ended_memory:
-            self._ended.popitem(last=False)
+        self._ended.add(program_id, self._now)
 
     # ---- the hot path ------------------------------------------------------------------
     def entry(self, program_id: str) -> ProgramEntry:
@@ -197,18 +208,18 @@ class MemoryProgramStore:
 
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
                      thread_id: str | None = None) -> ActiveCall:
-        return self.table.call_arrived(program_id, call_id, now, thread_id=thread_id)
+        return self.table.call_arrived(program_id, call_id, self._tick(now), thread_id=thread_id)
 
     def call_routed(self, program_id: str, call_id: str, engine: str) -> None:
         self.table.call_routed(program_id, call_id, engine)
 
     def call_finished(self, program_id: str, call_id: str, now: float, *, model_time: float, wait: float = 0.0,
                       prompt_tokens: int = 0, completion_tokens: int = 0) -> ProgramEntry:
-        return self.table.call_finished(program_id, call_id, now, model_time=model_time, wait=wait,
+        return self.table.call_finished(program_id, call_id, self._tick(now), model_time=model_time, wait=wait,
                                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
 
     def call_aborted(self, program_id: str, call_id: str, now: float, *, wait: float = 0.0) -> ProgramEntry:
-        return self.table.call_aborted(program_id, call_id, now, wait=wait)
+        return self.table.call_aborted(program_id, call_id, self._tick(now), wait=wait)
 
     # ---- routing state -----------------------------------------------------------------
     def pinned(self, program_id: str, model: str) -> str | None:

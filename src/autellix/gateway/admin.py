@@ -153,7 +153,7 @@ async def get_session(request: web.Request) -> web.Response:
 
     gateway = _gateway(request)
     entry = await _owned(gateway, request.match_info["session_id"])
-    view = session_view(entry, gateway.store.pins(entry.program_id))
+    view = session_view(entry, gateway.store.pins(entry.program_id), engine_addresses=True)
     return web.json_response({**view, "tenant": entry.owner}, dumps=_dumps)
 
 
@@ -163,7 +163,8 @@ async def end_session(request: web.Request) -> web.Response:
     gateway = _gateway(request)
     session_id = request.match_info["session_id"]
     entry = await _owned(gateway, session_id)
-    view = {**session_view(entry, gateway.store.pins(entry.program_id)), "tenant": entry.owner}
+    view = {**session_view(entry, gateway.store.pins(entry.program_id), engine_addresses=True),
+            "tenant": entry.owner}
     await gateway.sessions.end(session_id, entry.owner)
     gateway.limiter.session_closed(entry.owner, session_id, time.monotonic())
     return web.json_response({**view, "deleted": True}, dumps=_dumps)

@@ -38,7 +38,7 @@ from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.mlq import QueueSpec
 from autellix.gateway.admin import create_admin_app
 from autellix.gateway.engines import Discovery, EnginePool, StaticDiscovery
-from autellix.gateway.errors import APIError, bad_request, error_response, not_found, unavailable
+from autellix.gateway.errors import APIError, GatewayRunner, bad_request, error_response, not_found, unavailable
 from autellix.gateway.lifecycle import LIFECYCLE_KEY
 from autellix.gateway.metrics import GatewayMetrics
 from autellix.gateway.openapi import OPENAPI_PATH, tenant_document
@@ -62,9 +62,10 @@ from autellix.protocol import (
 log = logging.getLogger("autellix.gateway")
 
 JSON_HEADERS = {"Content-Type": "application/json"}
-#: aiohttp's HTTP parser limits (its defaults: 8,190 bytes a header line): a header over them is
-#: answered by aiohttp itself in plain text before any route runs; up to them, the gateway's own
-#: checks answer in the OpenAI shape (an over-long session header: 400 ``invalid_header``).
+#: aiohttp's HTTP parser limits (its defaults: 8,190 bytes a header line): up to them, the gateway's
+#: own checks answer (an over-long session header: 400 ``invalid_header``); over them, the parser
+#: refuses the request before any route runs and ``GatewayRunner`` answers 431 ``header_too_large``,
+#: both in the OpenAI shape.
 SERVER_LIMITS: dict[str, int] = {"max_line_size": 65_536, "max_field_size": 65_536}
 #: Prompts up to this many characters are tokenised inline (well under a millisecond); longer ones on a thread.
 INLINE_TOKENIZE_CHARS = 16_384
@@ -182,7 +183,7 @@ class Gateway:
         self.pool: EnginePool | None = None
         self.controller: RequestController | None = None
         self._janitor: asyncio.Task | None = None
-        #: With a shared store: engine drains shared by every replica (``autellix.mesh.shared_drains``).
+        #: With a shared store: engine drains shared by every replica (``autellix.control.shared_drains``).
         self.shared_drains: Any = None
 
     # ---- life cycle ----------------------------------------------------------
@@ -204,8 +205,8 @@ class Gateway:
         self._janitor = asyncio.create_task(self._expire_loop(), name="session-expiry")
         self._keys_task = asyncio.create_task(self._keys_loop(), name="keys-reload")
         if self.config.admin_port is not None:
-            self._admin_runner = web.AppRunner(create_admin_app(self, self.admin_keys if self.admin_keys.enabled
-                                                                else None), access_log=None)
+            self._admin_runner = GatewayRunner(create_admin_app(self, self.admin_keys if self.admin_keys.enabled
+                                                                else None), access_log=None, **SERVER_LIMITS)
             await self._admin_runner.setup()
             site = web.TCPSite(self._admin_runner, self.config.admin_host, self.config.admin_port)
             await site.start()
@@ -450,22 +451,30 @@ async def models(request: web.Request) -> web.Response:
 
 
 def _session_view(gateway: Gateway, entry: Any) -> dict[str, Any]:
-    return session_view(entry, gateway.store.pins(entry.program_id))
+    return session_view(entry, gateway.store.pins(entry.program_id), engine_addresses=False)
 
 
 #: The process table's times: on the monotonic clock (a gateway restart starts it anew).
 _TIMES = ("created_at", "last_arrival", "last_finish")
 
 
-def session_view(entry: Any, pins: Any) -> dict[str, Any]:
-    """A session as clients see it: times as Unix timestamps (seconds), like OpenAI's ``created``."""
-    view = {**entry.to_dict(), "object": SESSION_OBJECT, "pins": pins}
+def session_view(entry: Any, pins: dict[str, str], *, engine_addresses: bool) -> dict[str, Any]:
+    """A session as clients see it: times as Unix timestamps (seconds), like OpenAI's ``created``.
+    Engines by address only with ``engine_addresses`` (the admin listener); a tenant sees each
+    engine's ``engine_label``, as ``/metrics`` names it: no address to call engines directly."""
+    name: Callable[[str], str] = (lambda url: url) if engine_addresses else engine_label
+    view = {**entry.to_dict(), "object": SESSION_OBJECT, "pins": {model: name(url) for model, url in pins.items()}}
+    view["engines"] = sorted(name(url) for url in view["engines"])
+    if view["pinned_engine"] is not None:
+        view["pinned_engine"] = name(view["pinned_engine"])
     offset = time.time() - time.monotonic()
-    for name in _TIMES:
-        if view.get(name) is not None:
-            view[name] = round(view[name] + offset, 3)
+    for field_name in _TIMES:
+        if view.get(field_name) is not None:
+            view[field_name] = round(view[field_name] + offset, 3)
     for call in view.get("active", ()):
         call["arrival"] = round(call["arrival"] + offset, 3)
+        if call["engine"] is not None:
+            call["engine"] = name(call["engine"])
     return view
 
 

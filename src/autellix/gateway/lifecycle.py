@@ -3,9 +3,9 @@
 ``autellix gateway`` runs through :func:`run_gateway`:
 
 * **Store**: ``--store redis://...`` runs the gateway on the shared
-  :class:`~autellix.mesh.redis_store.RedisProgramStore` (replicas behind Envoy);
+  :class:`~autellix.control.redis_store.RedisProgramStore` (replicas behind Envoy);
   without it the in-memory store, as before. With a store, engine drains live in
-  it too (:class:`~autellix.mesh.shared_drains.SharedDrains`): a drain sent to any
+  it too (:class:`~autellix.control.shared_drains.SharedDrains`): a drain sent to any
   replica applies on all.
 * **Ready** (``/ready`` 200) only while at least one engine is healthy (the
   gateway's own rule), the store answers (pinged every second) and the process is
@@ -32,15 +32,16 @@ import contextlib
 import logging
 import signal
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from autellix.control.recent import RecentIds
 from autellix.control.store import ProgramStore
 from autellix.core import Policy
+from autellix.gateway.errors import GatewayRunner
 from autellix.protocol import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
@@ -60,7 +61,9 @@ UNREADY_HOLD_S = 2.5
 CHECKED_WITHIN_S = 5.0
 #: Seconds between two pings of the store, and how long one may take.
 STORE_CHECK_INTERVAL_S = 1.0
-#: Program keys remembered for the per-replica program counter (oldest forgotten first).
+#: Program keys remembered for the per-replica program counter: at most this many, each until it
+#: has not been seen for ``Lifecycle.key_ttl`` seconds (the program idle TTL: by then its program
+#: has expired, and a call with the key again starts a new one).
 PROGRAM_KEYS_REMEMBERED = 100_000
 #: Requests that are not calls: never counted in flight, never delay a stop.
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH})
@@ -83,7 +86,7 @@ class Lifecycle:
     """Readiness beyond the engines, the drain on SIGTERM, and the per-replica counters of one gateway."""
 
     def __init__(self, *, replica: str, shutdown_grace: float = 30.0,
-                 store_ping: Callable[[], Awaitable[object]] | None = None) -> None:
+                 store_ping: Callable[[], Awaitable[object]] | None = None, key_ttl: float = 600.0) -> None:
         self.replica = replica
         self.shutdown_grace = shutdown_grace
         self.store_ping = store_ping
@@ -94,7 +97,7 @@ class Lifecycle:
         self._last_checked = -float("inf")
         self._idle = asyncio.Event()
         self._idle.set()
-        self._programs: OrderedDict[str, None] = OrderedDict()
+        self._programs = RecentIds(PROGRAM_KEYS_REMEMBERED, key_ttl)
         self._calls: Counter | None = None
         self._program_count: Counter | None = None
         self._calls_here: Any = None  # prometheus_client's labelled children, set by install()
@@ -172,15 +175,9 @@ class Lifecycle:
 
     def _count_call(self, key: str | None) -> None:
         self._calls_here.inc()
-        if key is None:
-            self._programs_here.inc()  # a keyless call is a program of its own
-        elif key in self._programs:
-            self._programs.move_to_end(key)
-        else:
-            self._programs[key] = None
+        # a keyless call is a program of its own; a key counts once while it is remembered
+        if key is None or self._programs.add(key, time.monotonic()):
             self._programs_here.inc()
-            if len(self._programs) > PROGRAM_KEYS_REMEMBERED:
-                self._programs.popitem(last=False)
 
     # ---- stopping ------------------------------------------------------------------
     async def drain(self) -> None:
@@ -215,7 +212,7 @@ async def _serve(app: web.Application, lifecycle: Lifecycle, host: str, port: in
                  print_fn: Callable[[str], None], server_kwargs: dict[str, int]) -> None:
     # handler_cancellation: a client that hangs up cancels its call, which closes
     # the upstream connection, and vLLM aborts the request instead of finishing it
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0,
+    runner = GatewayRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0,
                            **server_kwargs)  # type: ignore[arg-type]
     await runner.setup()
     try:
@@ -251,7 +248,7 @@ def open_store(url: str, policy: Policy, idle_ttl: float) -> tuple[ProgramStore,
     """The shared store at ``url`` (``redis://`` or ``rediss://``): the store, its ping, its close."""
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"--store: expected a redis:// URL, got {url!r}")
-    from autellix.mesh.redis_store import RedisProgramStore
+    from autellix.control.redis_store import RedisProgramStore
 
     store = RedisProgramStore(url, policy, idle_ttl=idle_ttl)
     return store, store.redis.ping, store.close

@@ -33,10 +33,10 @@ def serve(config: GatewayConfig, host: str, port: int, *, print_fn=print, store_
     if problem is not None:
         raise ExposedError(problem)
     lifecycle = Lifecycle(replica=replica or f"{socket.gethostname()}:{port}", shutdown_grace=shutdown_grace,
-                          store_ping=ping)
+                          store_ping=ping, key_ttl=config.scheduler.program_idle_ttl)
     lifecycle.install(app, gateway.metrics.registry)
     if store_url is not None:
-        from autellix.mesh.shared_drains import SharedDrains  # redis: only with a store
+        from autellix.control.shared_drains import SharedDrains  # redis: only with a store
 
         gateway.shared_drains = SharedDrains(store_url, poll_interval=config.poll_interval)
 

@@ -136,6 +136,14 @@ def openai_error_shape(raw: bytes) -> bytes:
     return orjson.dumps(answer) if changed else raw
 
 
+def _give_up(request: web.Request, outcome: CallOutcome) -> None:
+    """A client too slow to read: nothing more can reach it, so the call ends here. Leaving the
+    relay releases the engine's connection, so the engine aborts the request and frees its slot."""
+    if request.transport is not None:
+        request.transport.abort()
+    outcome.broken = True
+
+
 STREAM_CUT = orjson.dumps({"error": {
     "message": "The engine's stream was cut before the call finished; the output above is incomplete.",
     "type": "upstream_error", "code": "stream_interrupted", "param": None}})
@@ -179,16 +187,22 @@ async def sse_lines(content: aiohttp.StreamReader, max_line: int = MAX_SSE_LINE)
         yield bytes(buffer)
 
 
-async def _write(request: web.Request, response: web.StreamResponse, data: bytes,
+async def _write(request: web.Request, response: web.StreamResponse, data: bytes | None,
                  write_timeout: float | None) -> None:
-    """Write to the client; while its unread bytes pile up, give it ``write_timeout`` seconds."""
-    transport = request.transport
-    if write_timeout is None or transport is None or transport.get_write_buffer_size() < WRITE_BUFFER_WATCH:
-        await response.write(data)
+    """Write ``data`` to the client (None: end the stream). A write that could wait for the client
+    (its connection's writing is paused, or this write fills the buffer past ``WRITE_BUFFER_WATCH``:
+    aiohttp then waits for the client to read) gets ``write_timeout`` seconds; the others, nearly
+    all of them, go out without a timer."""
+    write = response.write_eof() if data is None else response.write(data)
+    transport, protocol = request.transport, request.protocol
+    if (write_timeout is None or transport is None or (
+            not protocol.writing_paused
+            and transport.get_write_buffer_size() + len(data or b"") < WRITE_BUFFER_WATCH)):
+        await write
         return
     try:
         async with asyncio.timeout(write_timeout):
-            await response.write(data)
+            await write
     except TimeoutError:
         raise ClientTooSlow(f"the client read nothing for {write_timeout:g} s") from None
 
@@ -220,9 +234,7 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, b
             if usage.passes(line):
                 await _write(request, response, line, write_timeout)
     except ClientTooSlow:
-        if request.transport is not None:
-            request.transport.abort()  # nothing more can reach it: the call ends here, closing the engine's
-        outcome.broken = True          # connection, so the engine aborts the request and frees its slot
+        _give_up(request, outcome)
         return response, outcome
     except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as exc:
         if not response.prepared:
@@ -232,8 +244,13 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, b
         upstream.release()
     if not response.prepared:
         raise EngineUnreachable("the engine closed the stream before its first event", "stream_closed")
-    if not done:  # cut, or closed without the closing event
+    try:
+        if not done:  # cut, or closed without the closing event
+            outcome.broken = True
+            await _write(request, response, b"data: " + STREAM_CUT + b"\n\n", write_timeout)
+        await _write(request, response, None, write_timeout)
+    except ClientTooSlow:
+        _give_up(request, outcome)
+    except ConnectionError:  # the client is gone (a failed write to it lands above as a cut): nobody to tell
         outcome.broken = True
-        await response.write(b"data: " + STREAM_CUT + b"\n\n")
-    await response.write_eof()
     return response, outcome
