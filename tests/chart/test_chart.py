@@ -65,7 +65,12 @@ VALUE_SETS: dict[str, list[str]] = {
     # ... on an external store whose URL is in a Secret.
     "mesh-external-store": ["--set", "mesh.enabled=true", "--set", "gateway.replicas=2",
                             "--set", "store.urlSecret.name=redis-url", "--set", "mesh.envoy.replicas=3"],
+    # One gateway replica, nothing in front and no store: its programs live in its memory.
+    "single-gateway": ["--set", "mesh.enabled=false", "--set", "gateway.replicas=1", "--set", "store.deploy=false"],
+    # ... and no operator either.
     "static-without-operator": ["--set", "gateway.discovery.mode=static", "--set", "operator.enabled=false",
+                                "--set", "mesh.enabled=false", "--set", "gateway.replicas=1",
+                                "--set", "store.deploy=false",
                                 "--set-json", 'gateway.discovery.engines=["http://10.0.0.1:8000","http://e2:8000"]',
                                 "--set", "metrics.annotations=false", "--set", "grafana.dashboard.enabled=false"],
 }
@@ -216,7 +221,7 @@ BAD_VALUES = [
     ("engine name not a DNS label", ["--set-json", 'engines={"Llama_8B":{"model":{}}}'],
      "'Llama_8B' does not match pattern"),
     ("registry with a scheme", ["--set", "imageRegistry=https://registry.example.com"], "/imageRegistry"),
-    ("replicas without a shared store", ["--set", "gateway.replicas=2"], "needs a shared store"),
+    ("replicas without a shared store", ["--set", "store.deploy=false"], "needs a shared store"),
     ("mesh without the operator", ["--set", "mesh.enabled=true", "--set", "operator.enabled=false"],
      "needs operator.enabled"),
     ("store URL not redis://", ["--set", "store.url=http://redis:6379"], "/store/url"),
@@ -248,8 +253,9 @@ def test_scheduler_values_become_the_core_config(render: Callable[[str], list[di
     env = env_of(container(render("scheduler"), "gateway"))
     assert SchedulerConfig.from_env(env) == SchedulerConfig.from_mapping(SCHEDULER_VALUES["scheduler"])
     assert env["AUTELLIX_LONG_PROMPT_TOKENS"] == "4096" and env["AUTELLIX_QUANTA"] == "32,64,128,inf"
-    # left out = the core's own defaults: the chart names none of them
-    assert not [k for k in env_of(container(render("defaults"), "gateway")) if k.startswith("AUTELLIX_")]
+    # left out = the core's own defaults: the chart names none of them (AUTELLIX_STORE is the store's URL)
+    assert not [k for k in env_of(container(render("defaults"), "gateway"))
+                if k.startswith("AUTELLIX_") and k != "AUTELLIX_STORE"]
 
 
 #: What every gateway gets: tenants on 8000 with the tenant-keys Secret, the admin listener apart with its own.
@@ -326,7 +332,10 @@ def test_operator_reaches_the_gateway_and_runs_with_least_privilege(
         render: Callable[[str], list[dict[str, Any]]]) -> None:
     docs = render("defaults")
     args = container(docs, "operator")["args"]
-    assert f"--gateway-url=http://{RELEASE}-autellix-gateway.{NAMESPACE}.svc:80" in args
+    # AgentProgram Jobs call through Envoy (a program's calls reach one replica); without it, the gateway
+    assert f"--gateway-url=http://{RELEASE}-autellix-envoy.{NAMESPACE}.svc:80" in args
+    assert f"--gateway-url=http://{RELEASE}-autellix-gateway.{NAMESPACE}.svc:80" in container(
+        render("single-gateway"), "operator")["args"]
     assert "--gateway-url=http://gw.example:8080" in container(render("autoscaling"), "operator")["args"]
     tuned = container(render("autoscaling"), "operator")["args"]
     assert {"--autoscale-interval=5", "--program-poll-interval=2.5", "--namespace=team-a", "--namespace=team-b"} <= set(
@@ -422,7 +431,7 @@ def test_notes_say_where_the_endpoint_is(helm: Callable[..., subprocess.Complete
     done = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     assert done.returncode == 0, done.stderr
     notes = done.stdout.split("NOTES:", 1)[1]
-    assert f"http://{RELEASE}-autellix-gateway.{NAMESPACE}.svc:80/v1" in notes
+    assert f"http://{RELEASE}-autellix-envoy.{NAMESPACE}.svc:80/v1" in notes  # the default: Envoy in front
     assert "kubectl apply" in notes and "agentprogram" in notes.lower()
     examples = re.findall(r"crds/examples/\S+\.yaml", notes)
     assert examples and all((ROOT / path).is_file() for path in examples), examples

@@ -106,8 +106,21 @@ def test_an_external_store_comes_from_a_secret(render: Render) -> None:
     assert not [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
 
 
-def test_one_gateway_without_mesh_has_no_store_envoy_or_budget(render: Render) -> None:
+def test_the_defaults_are_two_replicas_behind_envoy_on_the_charts_store(render: Render) -> None:
     docs = render("defaults")
+    assert one(docs, "Deployment", "-envoy")["spec"]["replicas"] == 2
+    assert one(docs, "Deployment", "-gateway")["spec"]["replicas"] == 2
+    store = one(docs, "Service", "-store")
+    env = {e["name"]: e.get("value") for e in container(docs, "gateway")["env"]}
+    assert env["AUTELLIX_STORE"] == f"redis://{store['metadata']['name']}.{NAMESPACE}.svc:6379/0"
+    assert one(docs, "PodDisruptionBudget", "-gateway")
+    # a URL of one's own wins over the chart's Valkey, which is then not deployed
+    docs = render("mesh-external-store")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-store")]
+
+
+def test_one_gateway_without_mesh_has_no_store_envoy_or_budget(render: Render) -> None:
+    docs = render("single-gateway")
     assert not [d for d in docs if d["kind"] in ("HorizontalPodAutoscaler", "ConfigMap") and "envoy" in
                 d["metadata"]["name"]]
     assert not [d for d in docs if d["metadata"]["name"].endswith(("-envoy", "-store", "-operator-xds"))]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.client import HTTPException
 
 import pytest
 
@@ -76,14 +78,27 @@ def test_programs_keep_their_state_when_their_replica_is_killed(shared_mesh: Loc
     victim = shared_mesh.gateways[0]
 
     results: list[tuple[str, int, dict]] = []
+    client_retries: list[str] = []
     stop = threading.Event()
+
+    def call_as_a_client(session_id: str) -> tuple[int, dict]:
+        """What an OpenAI client does: one retry after a dropped connection or a 5xx. The issue
+        allows a call in flight on the killed replica to fail once this way (counted below)."""
+        try:
+            status, body = session_call(shared_mesh, session_id)
+        except (urllib.error.URLError, HTTPException, ConnectionError) as exc:
+            status, body = 0, {"error": repr(exc)}
+        if status == 0 or status >= 500:
+            client_retries.append(f"{status}: {body}")
+            return session_call(shared_mesh, session_id)
+        return status, body
 
     def caller(offset: int) -> None:
         for n in range(300):  # bounded by count as well as by the stop below
             if stop.is_set():
                 return
             session_id = sessions[(offset + n) % len(sessions)]
-            results.append((session_id, *session_call(shared_mesh, session_id)))
+            results.append((session_id, *call_as_a_client(session_id)))
 
     with ThreadPoolExecutor(2) as pool:
         callers = [pool.submit(caller, offset) for offset in (0, len(sessions) // 2)]
@@ -97,6 +112,9 @@ def test_programs_keep_their_state_when_their_replica_is_killed(shared_mesh: Loc
         for done in callers:
             done.result(30)
     assert [r for r in results if r[1] != 200] == []  # no 404, no 5xx: every program went on elsewhere
+    # Envoy retries what the dead replica refused or reset; at most the calls in flight on it at
+    # the kill (one per caller) may reach the client as a failure, and then succeed on its retry.
+    assert len(client_retries) <= 2, client_retries
     # What the survivors served is written behind within a second; a replica's copy unused for a
     # second catches up with the store on its next read.
     time.sleep(2.5)  # (1 s, and margin for 2 loaded cores)

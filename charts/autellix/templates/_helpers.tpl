@@ -64,6 +64,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "autellix.gatewayUrl" -}}
 {{- if .Values.operator.gatewayUrl }}
 {{- .Values.operator.gatewayUrl }}
+{{- else if .Values.mesh.enabled }}
+{{- /* through Envoy: a program's calls go to one replica */ -}}
+{{- printf "http://%s.%s.svc:%v" (include "autellix.envoyName" .) .Release.Namespace .Values.mesh.envoy.service.port }}
 {{- else }}
 {{- printf "http://%s.%s.svc:%v" (include "autellix.gatewayName" .) .Release.Namespace .Values.gateway.service.port }}
 {{- end }}

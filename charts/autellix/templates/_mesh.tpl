@@ -17,15 +17,21 @@
 {{- if or .Values.store.deploy .Values.store.urlSecret.name .Values.store.url }}true{{ end }}
 {{- end }}
 
-{{/* The gateway's AUTELLIX_STORE (= --store) when the URL is the chart's store or in a Secret;
+{{/* "true" when the release deploys its own store: store.deploy, and no URL of yours
+     (a Secret's URL, then store.url, take precedence over the chart's Valkey). */}}
+{{- define "autellix.storeDeployed" -}}
+{{- if and .Values.store.deploy (not .Values.store.urlSecret.name) (not .Values.store.url) }}true{{ end }}
+{{- end }}
+
+{{/* The gateway's AUTELLIX_STORE (= --store) when the URL is in a Secret or the chart's store;
      a plain store.url is passed as --store instead. */}}
 {{- define "autellix.storeEnv" -}}
-{{- if .Values.store.deploy }}
-- name: AUTELLIX_STORE
-  value: {{ printf "redis://%s.%s.svc:6379/0" (include "autellix.storeName" .) .Release.Namespace | quote }}
-{{- else if .Values.store.urlSecret.name }}
+{{- if .Values.store.urlSecret.name }}
 - name: AUTELLIX_STORE
   valueFrom:
     secretKeyRef: {name: {{ .Values.store.urlSecret.name }}, key: {{ .Values.store.urlSecret.key }}}
+{{- else if include "autellix.storeDeployed" . }}
+- name: AUTELLIX_STORE
+  value: {{ printf "redis://%s.%s.svc:6379/0" (include "autellix.storeName" .) .Release.Namespace | quote }}
 {{- end }}
 {{- end }}
