@@ -6,8 +6,8 @@ Who speaks it:
   session and thread headers, the session routes and objects, OpenAI-style errors;
 * gateway -> engines: the scheduling fields added to every call (``priority``
   and the ``vllm_xargs`` keys the engine plugin reads);
-* engine plugin -> gateway: the execution-time channel (feedback paths and the
-  record of a finished call);
+* engine plugin -> gateway: the execution-time channel (feedback paths, the
+  record of a finished call and an engine's tally of a program);
 * operator and tools -> gateway: the admin routes.
 
 Client, gateway, engine plugin, emulator and operator import these names from
@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import quote
 
 # ---- program identity: headers a call carries -------------------------------------
 #: Names the call's program (a session from ``POST /v1/sessions``).
@@ -112,8 +113,19 @@ ENGINE_TOKEN_HEADER = "X-Autellix-Engine-Token"
 ENGINE_TOKEN_ENV = "AUTELLIX_ENGINE_TOKEN"
 
 
+#: ``GET FEEDBACK_PROGRAMS_PATH + quoted program id``: the engine's tally of one program
+#: (``ProgramService``); 404 when no call of it finished on this engine.
+FEEDBACK_PROGRAMS_PATH = FEEDBACK_PREFIX + "programs/"
+FEEDBACK_PROGRAM_ROUTE = FEEDBACK_PROGRAMS_PATH + "{program_id}"
+
+
 def feedback_call_path(call_id: str) -> str:
     return FEEDBACK_CALLS_PATH + call_id
+
+
+def feedback_program_path(program_id: str) -> str:
+    """The program's tally route; the id percent-encoded whole (it may hold ``/``)."""
+    return FEEDBACK_PROGRAMS_PATH + quote(program_id, safe="")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +168,35 @@ class CallRecord:
 CALL_RECORD_FIELDS = tuple(f.name for f in fields(CallRecord))
 
 
+@dataclass(frozen=True, slots=True)
+class ProgramService:
+    """An engine's tally of one program: the model time (``service_s``, as in each call's
+    ``CallRecord``) of the program's calls that finished on this engine, how many, and
+    ``since``, the wall-clock (Unix) time at which it counted the first of them. Each call
+    runs on one engine, so the engines' tallies of a program add up to the service the
+    gateway charged for those calls; ``since`` tells a tally of an earlier program under
+    the same id (the id ended and was reused) from this one's."""
+
+    program: str
+    service_s: float
+    calls: int
+    since: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProgramService | None:
+        """The tally in an engine's answer; None when it is not one."""
+        try:
+            service, since, calls = float(data["service_s"]), float(data["since"]), int(data["calls"])
+            if not (math.isfinite(service) and math.isfinite(since) and service >= 0 and calls >= 0):
+                return None
+            return cls(program=str(data["program"]), service_s=service, calls=calls, since=since)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 # ---- errors: OpenAI's shape ---------------------------------------------------------------
 class APIError(Exception):
     """An OpenAI-style error, ``{"error": {"message", "type", "code", "param"}}``
@@ -176,9 +217,11 @@ __all__ = [
     "ADMIN_UNDRAIN_PATH", "CALL_RECORD_FIELDS",
     "CHAT_COMPLETIONS_PATH", "COMPLETIONS_PATH", "ENGINE_TOKEN_ENV", "ENGINE_TOKEN_HEADER",
     "FEEDBACK_CALLS_PATH", "FEEDBACK_CALL_ROUTE",
-    "FEEDBACK_INFO_PATH", "FEEDBACK_MAX_WAIT_S", "FEEDBACK_PREFIX", "FEEDBACK_WAIT_PARAM", "HEALTH_PATH",
+    "FEEDBACK_INFO_PATH", "FEEDBACK_MAX_WAIT_S", "FEEDBACK_PREFIX", "FEEDBACK_PROGRAMS_PATH", "FEEDBACK_PROGRAM_ROUTE",
+    "FEEDBACK_WAIT_PARAM", "HEALTH_PATH",
     "IMPLICIT_SESSION_HEADERS", "MAX_ID_LENGTH", "METRICS_PATH", "MODELS_PATH", "PRIORITY_FIELD", "READY_PATH",
     "SESSIONS_PATH", "SESSION_HEADER", "SESSION_OBJECT", "SESSION_ROUTE", "THREAD_HEADER", "XARGS_FIELD",
     "XARG_CALL", "XARG_KEYS", "XARG_PROGRAM", "XARG_SERVICE", "XARG_THREAD", "XARG_WAIT", "APIError",
-    "CallRecord", "SchedulingFields", "feedback_call_path", "session_path",
+    "CallRecord", "ProgramService", "SchedulingFields", "feedback_call_path", "feedback_program_path",
+    "session_path",
 ]

@@ -183,3 +183,20 @@ async def test_a_replicas_idle_expiry_drops_only_its_own_copy(replicas: tuple[Re
     assert not await b.ended("moved")
     back = await a.load("moved")  # and if it comes back to A, A takes it over with B's state
     assert back is not None and back.service == 3.0 and back.calls_done == 2
+
+
+@pytest.mark.asyncio
+async def test_an_id_reused_after_its_end_is_a_new_program_everywhere(replicas: tuple[RedisProgramStore, ...]) -> None:
+    a, b = replicas
+    await a.open("again", time.monotonic())
+    finish_call(a, "again", "c1", 4.0)  # A's write behind still pending
+    assert await b.end("again") is not None  # DELETE reached B
+    await b.open("again", time.monotonic())  # and the id is opened again, a new program
+    finish_call(b, "again", "c2", 1.0)
+    await b.flush()
+    await a.flush()  # A's pending write is for the earlier program: dropped, not added to this one
+    fields = await a.redis.hgetall(a._program_key("again"))
+    assert float(fields["service"]) == 1.0 and float(fields["calls_done"]) == 1
+    a._used["again"] -= a.revalidate_after + 1  # A's copy, unused for a while, is of the earlier program
+    taken = await a.load("again")
+    assert taken is not None and (taken.service, taken.calls_done, taken.critical_path) == (1.0, 1, 1.0)  # replaced

@@ -75,6 +75,11 @@ class EngineBackend(Protocol):
         """Where a finished call's record is read (None: no records)."""
         ...
 
+    def program_path(self, program_id: str) -> str | None:
+        """Where the engine's tally of a program's service is read (``autellix.protocol.ProgramService``;
+        None: the engine keeps none). A replica taking a program over checks the store against it."""
+        ...
+
     def model_time(self, record: CallRecord | None, outcome: CallOutcome,
                    seconds_per_token: float) -> tuple[float, str]:
         """A finished call's model execution time and its source (a metrics label)."""

@@ -12,6 +12,8 @@
   tokens priced at the engine's seconds per token (Δ inference seconds / Δ
   generated tokens between scrapes).
 * Drained: no running and no waiting request.
+* A program's service on this engine (the plugin's tally, read when a gateway
+  replica takes the program over): ``autellix.protocol.ProgramService``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from autellix.protocol import (
     CallRecord,
     SchedulingFields,
     feedback_call_path,
+    feedback_program_path,
 )
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
@@ -77,6 +80,9 @@ class VllmBackend:
 
     def record_path(self, call_id: str) -> str | None:
         return feedback_call_path(call_id)
+
+    def program_path(self, program_id: str) -> str | None:
+        return feedback_program_path(program_id)
 
     def model_time(self, record: CallRecord | None, outcome: CallOutcome,
                    seconds_per_token: float) -> tuple[float, str]:

@@ -30,6 +30,22 @@ it ended elsewhere. A program whose calls come less than a second apart costs no
 read; one whose calls are further apart costs one read per call, small beside an
 LLM call.
 
+A replica that takes a program over (it did not hold it, or its copy was stale and
+another replica has written since) checks the program's service against the engines
+(``check_takeovers``; the rule: ``autellix.control.store``): what the store lost with a
+dead replica's last write behind, the engines still count. The store's ``service`` is a
+sum of what replicas added, and a repair adds nothing to it: the repair raises the
+program's ``service_floor`` instead, which every write behind merges by maximum with
+the writer's own view of the service, and a reader takes the larger of the two. So a
+replica that was not dead after all (the program moved on a membership change) and
+writes its last second later does not count that second twice. Calls of the program
+arriving during the check wait for it (at most ``check_timeout`` and a little); calls
+of programs held here never see it.
+
+``opened_at`` (wall clock, written at open) tells the program from an earlier one under
+the same id: a write behind for another incarnation is dropped, a local copy of one is
+replaced by a takeover, and an engine's tally that began before the open is not counted.
+
 Times (``created_at``, last activity) are each replica's monotonic clock and are
 not shared: a replica taking a program over starts its idle clock at the takeover.
 """
@@ -42,11 +58,11 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis.asyncio as aioredis
 
-from autellix.control.store import MemoryProgramStore
+from autellix.control.store import EngineService, MemoryProgramStore, ServiceWitness
 from autellix.core import ActiveCall, DuplicateProgram, Policy, ProgramEntry
 
 log = logging.getLogger(__name__)
@@ -58,25 +74,36 @@ ADDED = ("service", "waiting", "calls_done", "calls_aborted", "prompt_tokens", "
 #: A maximum over the program's calls: merged as the larger value.
 MAXIMA = ("critical_path",)
 COUNTERS = ADDED + MAXIMA
+#: Service that a takeover's check found on the engines: merged by maximum with every writer's view
+#: of the service; a reader's service is the larger of it and the sum (the module's docstring).
+SERVICE_FLOOR = "service_floor"
 DAY_S = 86_400.0
+#: How long a takeover waits for the engines' tallies, at most (plus ``CHECK_GRACE``).
+CHECK_TIMEOUT = 0.15
+CHECK_GRACE = 0.05
 
-# KEYS: the program's hash, its ended marker. ARGV: ttl in ms, owner (JSON), implicit (0/1).
-# 0 if the program is live already; else creates it (an id reused after its end is live again).
+# KEYS: the program's hash, its ended marker. ARGV: ttl in ms, owner (JSON), implicit (0/1),
+# opened_at. 0 if the program is live already; else creates it (an id reused after its end is
+# live again).
 _OPEN = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'implicit', ARGV[3], 'pins', '{}', 'engines', '[]')
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'implicit', ARGV[3], 'pins', '{}', 'engines', '[]',
+           'opened_at', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2])
 return 1
 """
 
-# KEYS[1]: the program's hash. ARGV: ttl in ms, A, M, then A (name, increment) pairs added,
-# M (name, value) pairs merged by maximum, then (name, value) pairs replaced. Nothing (0) if
-# the program is gone (ended or expired meanwhile): a write behind never recreates it.
+# KEYS[1]: the program's hash. ARGV: ttl in ms, opened_at (the incarnation written to; '' for
+# any), A, M, then A (name, increment) pairs added, M (name, value) pairs merged by maximum,
+# then (name, value) pairs replaced. Nothing (0) if the program is gone (ended or expired
+# meanwhile: a write behind never recreates it) or is another program under the same id.
 _MERGE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local added, maxima = tonumber(ARGV[2]), tonumber(ARGV[3])
-local i = 4
+local opened = redis.call('HGET', KEYS[1], 'opened_at')
+if ARGV[2] ~= '' and opened and opened ~= ARGV[2] then return 0 end
+local added, maxima = tonumber(ARGV[3]), tonumber(ARGV[4])
+local i = 5
 for _ = 1, added do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -93,6 +120,12 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
+
+
+def _stored(fields: dict[str, str], name: str) -> float:
+    """A counter as the store has it: the service is the larger of its sum and its floor."""
+    value = float(fields.get(name, "0"))
+    return max(value, float(fields.get(SERVICE_FLOOR, "0"))) if name == "service" else value
 
 
 def _sums(entry: ProgramEntry) -> dict[str, float]:
@@ -135,6 +168,20 @@ class RedisProgramStore:
         self._exchange = asyncio.Lock()
         self._dirty: set[str] = set()
         self._flusher: asyncio.Task[None] | None = None
+        #: Per program held here: its ``opened_at`` in the store (which incarnation of the id).
+        self._opened: dict[str, str] = {}
+        #: The takeover's check (``check_takeovers``); off until a gateway gives it its engines.
+        self._witness: ServiceWitness | None = None
+        self._observe: Callable[[str, float], None] | None = None
+        self.check_timeout = CHECK_TIMEOUT
+        self._checking: dict[str, asyncio.Task[None]] = {}
+
+    def check_takeovers(self, witness: ServiceWitness, observe: Callable[[str, float], None] | None = None, *,
+                        timeout: float = CHECK_TIMEOUT) -> None:
+        """Check every program taken over against ``witness`` (the engines), waiting at most
+        ``timeout`` seconds; ``observe(outcome, seconds added)`` hears each check's outcome
+        (``autellix.control.store.CHECK_OUTCOMES``)."""
+        self._witness, self._observe, self.check_timeout = witness, observe, timeout
 
     def _program_key(self, program_id: str) -> str:
         return f"{self.prefix}program:{program_id}"
@@ -148,16 +195,24 @@ class RedisProgramStore:
         if program_id in self.local:
             raise DuplicateProgram(program_id)
         # One round trip, atomic: of two replicas opening one id, one wins.
+        opened_at = repr(time.time())
         claimed = await self._open(keys=[self._program_key(program_id), self._ended_key(program_id)],
-                                   args=[int(self.key_ttl * 1000), json.dumps(owner), int(implicit)])
+                                   args=[int(self.key_ttl * 1000), json.dumps(owner), int(implicit), opened_at])
         if not claimed:
             raise DuplicateProgram(program_id)
         self._used[program_id] = time.monotonic()
+        self._opened[program_id] = opened_at
         entry = await self.local.open(program_id, now, owner=owner, implicit=implicit)
         self._synced[program_id] = _sums(entry)
         return entry
 
     async def load(self, program_id: str) -> ProgramEntry | None:
+        return await self._load(program_id, check=True)
+
+    async def _load(self, program_id: str, *, check: bool) -> ProgramEntry | None:
+        checking = self._checking.get(program_id)
+        if checking is not None:  # taken over a moment ago: its calls wait for the engines' word
+            await asyncio.shield(checking)
         held = await self.local.load(program_id)
         if held is not None and time.monotonic() - self._used.get(program_id, -math.inf) <= self.revalidate_after:
             return held  # in use here: this replica serves it, the local copy is the truth
@@ -166,37 +221,92 @@ class RedisProgramStore:
         async with self._exchange:
             held = await self.local.load(program_id)
             fields = await self.redis.hgetall(self._program_key(program_id))
+            if held is not None and fields and fields.get("opened_at", "") != self._opened.get(program_id, ""):
+                await self._drop(program_id)  # a copy of an earlier program under this id: take the new one over
+                held = None
             if held is not None:
-                return await self._revalidate(held, fields)
-            if not fields or "owner" not in fields:
+                entry, moved = await self._revalidate(held, fields)
+            elif not fields or "owner" not in fields:
                 return None
-            return await self._take_over(program_id, fields)
+            else:
+                entry, moved = await self._take_over(program_id, fields), True
+            checking = self._checking.get(program_id)
+            if moved and check and entry is not None and self._witness is not None and checking is None:
+                since = float(fields.get("opened_at", "0"))
+                checking = self._checking[program_id] = asyncio.get_running_loop().create_task(
+                    self._check(entry, since), name="autellix-takeover-check")
+        if checking is None:
+            return entry
+        await asyncio.shield(checking)  # a client that leaves meanwhile does not cut the check short
+        return await self.local.load(program_id)  # None if it ended meanwhile
 
-    async def _revalidate(self, held: ProgramEntry, fields: dict[str, str]) -> ProgramEntry | None:
+    async def _drop(self, program_id: str) -> None:
+        """Forget the local copy only: the program may live on in the store (and elsewhere)."""
+        await self.local.end(program_id, remember=False)
+        self._untrack(program_id)
+
+    def _untrack(self, program_id: str) -> None:
+        self._dirty.discard(program_id)
+        self._used.pop(program_id, None)
+        self._synced.pop(program_id, None)
+        self._opened.pop(program_id, None)
+
+    async def _check(self, entry: ProgramEntry, since: float) -> None:
+        """The takeover's check: raise the program's service to the engines' sum if the store's is
+        lower (``autellix.control.store``); on an error or a timeout keep the store's."""
+        program_id = entry.program_id
+        said: EngineService | None = None
+        added = 0.0
+        try:
+            assert self._witness is not None
+            said = await asyncio.wait_for(
+                self._witness.program_service(program_id, since=since, timeout=self.check_timeout),
+                self.check_timeout + CHECK_GRACE)
+        except Exception as exc:  # the engines, or whoever asks them, failed: the store's value stays
+            log.warning("program %r: no answer from its engines (%r); keeping the store's service", program_id, exc)
+        finally:
+            if self._checking.get(program_id) is asyncio.current_task():
+                del self._checking[program_id]
+        if said is not None and self.local.table.get(program_id) is entry and said.service > entry.service + 1e-9:
+            added = said.service - entry.service
+            log.info("program %r taken over: service %.3f s in the store, %.3f s on its engines; repaired",
+                     program_id, entry.service, said.service)
+            entry.service = said.service
+            synced = self._synced.get(program_id)
+            if synced is not None:
+                synced["service"] += added  # not a call of ours: the next write raises the floor, adds nothing
+            self._changed(program_id)
+        outcome = ("failed" if said is None or said.failed else "repaired" if added
+                   else "skipped" if said.asked == 0 else "confirmed")
+        if self._observe is not None:
+            self._observe(outcome, added)
+
+    async def _revalidate(self, held: ProgramEntry, fields: dict[str, str]) -> tuple[ProgramEntry | None, bool]:
         """A local copy not used here for a while may be stale: the program may have been served
         elsewhere meanwhile (it was opened here and hashes elsewhere, or membership changed and
-        changed back). Catch up with what the store has; a program ended elsewhere ends here too."""
+        changed back). Catch up with what the store has; a program ended elsewhere ends here too.
+        Also says whether another replica wrote service since our last exchange (a move)."""
         program_id = held.program_id
         if not fields:
             if await self.redis.exists(self._ended_key(program_id)):
                 await self.local.end(program_id, remember=True)
-                self._used.pop(program_id, None)
-                self._synced.pop(program_id, None)
-                return None
-            return held  # the store lost it (restarted empty): this copy is all there is
+                self._untrack(program_id)
+                return None, False
+            return held, False  # the store lost it (restarted empty): this copy is all there is
         synced = self._synced.setdefault(program_id, _sums(held))
+        moved = _stored(fields, "service") > synced["service"] + 1e-6
         for name in ADDED:  # the store's sum, plus what our calls added since we last wrote
-            stored = float(fields.get(name, "0"))
+            stored = _stored(fields, name)
             _set(held, name, stored + getattr(held, name) - synced[name])
             synced[name] = stored
         for name in MAXIMA:
-            _set(held, name, max(getattr(held, name), float(fields.get(name, "0"))))
+            _set(held, name, max(getattr(held, name), _stored(fields, name)))
         held.engines |= set(json.loads(fields.get("engines", "[]")))
         for model, engine in json.loads(fields.get("pins", "{}")).items():
             if self.local.pinned(program_id, model) is None:
                 self.local.pin(program_id, model, engine)
         self._used[program_id] = time.monotonic()
-        return held
+        return held, moved
 
     async def _take_over(self, program_id: str, fields: dict[str, str]) -> ProgramEntry:
         """Hold locally a program another replica served (after a move or a restart)."""
@@ -206,8 +316,9 @@ class RedisProgramStore:
         except DuplicateProgram:  # a concurrent load took it over first
             return self.local.entry(program_id)
         for name in COUNTERS:
-            _set(entry, name, float(fields.get(name, "0")))
+            _set(entry, name, _stored(fields, name))
         self._synced[program_id] = _sums(entry)
+        self._opened[program_id] = fields.get("opened_at", "")
         entry.engines = set(json.loads(fields.get("engines", "[]")))
         for model, engine in json.loads(fields.get("pins", "{}")).items():
             self.local.pin(program_id, model, engine)
@@ -220,13 +331,11 @@ class RedisProgramStore:
 
     async def end(self, program_id: str, *, remember: bool = True) -> ProgramEntry | None:
         if program_id not in self.local:
-            await self.load(program_id)  # ended here though served elsewhere
+            await self._load(program_id, check=False)  # ended here though served elsewhere
         entry = await self.local.end(program_id, remember=remember)
         if entry is None:
             return None
-        self._dirty.discard(program_id)
-        self._used.pop(program_id, None)
-        self._synced.pop(program_id, None)
+        self._untrack(program_id)
         await self._forget(program_id, remember)
         return entry
 
@@ -243,10 +352,7 @@ class RedisProgramStore:
         store when its key expires (``key_ttl`` after its last write)."""
         idle = [e for e in self.local.programs() if not e.active and now - e.last_activity > self.idle_ttl]
         for entry in idle:
-            await self.local.end(entry.program_id, remember=False)
-            self._dirty.discard(entry.program_id)
-            self._used.pop(entry.program_id, None)
-            self._synced.pop(entry.program_id, None)
+            await self._drop(entry.program_id)
         return idle
 
     async def flush(self) -> None:
@@ -269,10 +375,12 @@ class RedisProgramStore:
                     synced = self._synced.setdefault(program_id, dict.fromkeys(ADDED, 0.0))
                     added = [x for name in ADDED for x in (name, repr(now_sums[name] - synced[name]))]
                     maxima = [x for name in MAXIMA for x in (name, repr(float(getattr(entry, name))))]
+                    maxima += [SERVICE_FLOOR, repr(float(entry.service))]  # our view: at least this much
                     replaced = ["pins", json.dumps(self.local.pins(program_id)),
                                 "engines", json.dumps(sorted(entry.engines))]
                     await self._merge(keys=[self._program_key(program_id)],
-                                      args=[ttl_ms, len(ADDED), len(MAXIMA), *added, *maxima, *replaced],
+                                      args=[ttl_ms, self._opened.get(program_id, ""), len(ADDED), len(MAXIMA) + 1,
+                                            *added, *maxima, *replaced],
                                       client=pipe)
                     written[program_id] = now_sums
                 await pipe.execute()
@@ -285,6 +393,10 @@ class RedisProgramStore:
 
     async def close(self) -> None:
         """Stop writing behind, write what is pending, disconnect (the replica's SIGTERM path)."""
+        for check in list(self._checking.values()):
+            check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await check
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -19,19 +19,21 @@ operation                     local (every call)          shared store
 ``open`` (POST /v1/sessions,  create the entry            **write through** before the 201:
 implicit first use)                                       the next call may land elsewhere
 ``load`` (arrival: a session  local copy                  **read through** on a miss only
-the replica does not hold)                                (after a move): take the entry over
+the replica does not hold)                                (after a move): take the entry over,
+                                                          then check its service against the
+                                                          engines' tallies (one bounded read,
+                                                          below)
 ``ended`` (404 for late       local memory                **read through** on a miss
 calls on ended ids)
 ``end`` (DELETE, expiry)      drop the entry              **write through** (the id joins the
                                                           ended set, with a TTL)
 ``call_arrived`` /            active calls, engine,       never: in-flight calls die with
 ``call_routed``               last arrival                their replica
-``call_finished`` /           service, waiting, tokens,   **written behind, <= 1 s**: service
-``call_aborted``              calls done                  and waiting only grow, so a merge
-                                                          takes the maximum; a crash loses at
-                                                          most the last second, and engines
-                                                          running Autellix's scheduler know
-                                                          each program's service to repair it
+``call_finished`` /           service, waiting, tokens,   **written behind, <= 1 s**: each
+``call_aborted``              calls done                  replica adds what its calls added;
+                                                          a crash loses at most the last
+                                                          second, which the takeover's check
+                                                          repairs for service (below)
 ``pin``                       per (program, model)        written behind (a lost pin costs a
                                                           prefix-cache miss, nothing more)
 ``drop_engine``               free pins to the engine     written behind
@@ -42,6 +44,16 @@ Everything a call reads on the hot path (``priority``, ``pinned``, the entry)
 is local. ``flush`` writes the pending state at once (SIGTERM, tests).
 The in-memory store is all local: its ``flush`` has nothing to do.
 
+The takeover's check. Engines running Autellix's scheduler keep a tally of each
+program's calls that finished on them (``autellix.protocol.ProgramService``): the
+same model time the gateway charged for each call, and each call ran on one engine,
+so the tallies of all engines add up to the program's service (a lower bound: an
+engine that restarted or never answered adds nothing). A shared store that takes a
+program over asks a ``ServiceWitness`` (the gateway's engine pool) for that sum, at
+most ``timeout`` seconds, and raises the program's service to it when the store's is
+lower; never lowers it. On an error or a timeout the store's value stays and the
+check counts as ``failed``. Programs a replica holds are never checked.
+
 Time is passed in (``now``): the gateway passes its monotonic clock, the
 simulator its virtual one.
 """
@@ -50,6 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from autellix.control.recent import RecentIds
@@ -58,6 +71,30 @@ from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, Unknow
 #: Ended ids remembered so that late calls get a clear 404: at most this many (about 200 bytes
 #: each), and each for ``ended_ttl`` seconds (``autellix.control.recent``).
 ENDED_MEMORY = 100_000
+
+#: How a takeover's check ended (a metric's label): the store's service was raised to the
+#: engines' sum, or it was at least that already; an engine did not answer in time (what the
+#: others said still counts); no engine keeps tallies to ask.
+CHECK_OUTCOMES = ("repaired", "confirmed", "failed", "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineService:
+    """What the engines asked said of one program: the sum of their tallies (each counted
+    only if it began after the program was opened), how many were asked, how many failed."""
+
+    service: float
+    asked: int
+    failed: int = 0
+
+
+class ServiceWitness(Protocol):
+    """Who can say how much service the engines gave a program (the gateway's engine pool)."""
+
+    async def program_service(self, program_id: str, *, since: float, timeout: float) -> EngineService:
+        """The sum of the engines' tallies of ``program_id`` begun at ``since`` (Unix seconds: when
+        the program was opened) or later, answered within about ``timeout`` seconds."""
+        ...
 
 
 @runtime_checkable
@@ -257,4 +294,5 @@ class MemoryProgramStore:
         return program_id in self.table
 
 
-__all__ = ["ENDED_MEMORY", "MemoryProgramStore", "ProgramStore", "UnknownProgram"]
+__all__ = ["CHECK_OUTCOMES", "ENDED_MEMORY", "EngineService", "MemoryProgramStore", "ProgramStore", "ServiceWitness",
+           "UnknownProgram"]

@@ -17,6 +17,13 @@ Paths and the record are part of the wire contract (``autellix.protocol``):
   when there is none.
 * ``GET /autellix/v1/info``: the plugin's scheduler and parameters, 404 while
   no Autellix scheduler runs behind this server.
+* ``GET /autellix/v1/programs/{program_id}`` (the id percent-encoded): this
+  engine's tally of a program (``ProgramService``: the ``service_s`` of its
+  calls that finished here, how many, since when), 404 when none did. Kept from
+  the same records, whether or not the gateway has read them, for at most
+  ``MAX_PROGRAMS`` programs (the least recently served go first). A gateway
+  replica that takes a program over from the shared store reads it from every
+  engine to repair what the store lost with a dead replica (``docs/cluster.md``).
 
 Engines trust only the gateway: with ``AUTELLIX_ENGINE_TOKEN`` set (``autellix
 up`` generates one, the chart keeps one in a Secret), every route but the
@@ -53,7 +60,9 @@ from autellix.protocol import (
     FEEDBACK_INFO_PATH,
     FEEDBACK_MAX_WAIT_S,
     FEEDBACK_PREFIX,
+    FEEDBACK_PROGRAMS_PATH,
     FEEDBACK_WAIT_PARAM,
+    ProgramService,
 )
 
 log = logging.getLogger("autellix.engine.feedback")
@@ -65,6 +74,8 @@ OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/load"})
 _TOKEN_HEADER = ENGINE_TOKEN_HEADER.lower().encode()
 #: Unread records kept; a gateway that never asks cannot make the server grow.
 MAX_RECORDS = 100_000
+#: Programs whose tally is kept (about 200 bytes each), the least recently served dropped first.
+MAX_PROGRAMS = 100_000
 
 
 def feedback_addr_for(port: int, directory: str | None = None) -> str:
@@ -106,6 +117,8 @@ class FeedbackStore:
 
         self.info: dict[str, Any] | None = None
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: Per program: [service_s, calls, since] of its calls that finished here.
+        self._programs: OrderedDict[str, list[float]] = OrderedDict()
         self._lock = threading.Lock()
         self._socket = zmq.Context.instance().socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -129,6 +142,33 @@ class FeedbackStore:
                     self._records[message["call"]] = message
                     while len(self._records) > MAX_RECORDS:
                         self._records.popitem(last=False)
+                    self._count(message)
+
+    def _count(self, record: dict[str, Any]) -> None:
+        """Add a finished call to its program's tally (under the lock). Only finished calls: the
+        gateway charges every one of them, so the tally stays at or below what it charged."""
+        program, service = record.get("program"), record.get("service_s")
+        if record.get("finished") is not True or not isinstance(program, str) or isinstance(service, bool) \
+                or not isinstance(service, int | float) or not service >= 0:
+            return
+        tally = self._programs.get(program)
+        if tally is None:
+            self._programs[program] = [float(service), 1, time.time()]
+            while len(self._programs) > MAX_PROGRAMS:
+                self._programs.popitem(last=False)
+        else:
+            tally[0] += service
+            tally[1] += 1
+            self._programs.move_to_end(program)
+
+    def program(self, program_id: str) -> ProgramService | None:
+        """This engine's tally of a program; None if none of its calls finished here."""
+        with self._lock:
+            tally = self._programs.get(program_id)
+            if tally is None:
+                return None
+            service, calls, since = tally
+        return ProgramService(program=program_id, service_s=service, calls=int(calls), since=since)
 
     def take(self, call_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -193,6 +233,11 @@ class FeedbackMiddleware:
             if record is not None:
                 return 200, record
             return 404, _error(404, "No record for this call.", "not_found")
+        if path.startswith(FEEDBACK_PROGRAMS_PATH) and self.store is not None:
+            tally = self.store.program(path.removeprefix(FEEDBACK_PROGRAMS_PATH))
+            if tally is not None:
+                return 200, tally.to_dict()
+            return 404, _error(404, "No call of this program finished on this engine.", "not_found")
         return 404, _error(404, f"Unknown path {scope['path']}.", "not_found")
 
 

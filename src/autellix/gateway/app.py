@@ -42,6 +42,7 @@ from autellix.gateway.errors import APIError, GatewayRunner, bad_request, error_
 from autellix.gateway.lifecycle import LIFECYCLE_KEY
 from autellix.gateway.metrics import GatewayMetrics
 from autellix.gateway.openapi import OPENAPI_PATH, tenant_document
+from autellix.gateway.service_check import EngineServiceCheck, takeover_metrics
 from autellix.gateway.tokens import Counter, estimate_tokens, prompt_text, tokenizer_counter
 from autellix.gateway.upstream import open_upstream, relay_stream, relay_whole
 from autellix.gateway.validation import MAX_N, MAX_TOKENS, check_body
@@ -201,6 +202,10 @@ class Gateway:
             policy=self.policy, send_priority=self.config.engine_priority,
             retry=RetryPolicy(max_attempts=self.config.max_attempts, backoff_base=self.config.retry_backoff),
             observer=_MetricsObserver(self.metrics), on_program_left=self.sessions.program_left)
+        check_takeovers = getattr(self.store, "check_takeovers", None)
+        if check_takeovers is not None:  # a shared store: programs taken over are checked against the engines
+            check_takeovers(EngineServiceCheck(self.http, self.pool, self.backend),
+                            takeover_metrics(self.metrics.registry))
         await self.pool.start()
         self._janitor = asyncio.create_task(self._expire_loop(), name="session-expiry")
         self._keys_task = asyncio.create_task(self._keys_loop(), name="keys-reload")

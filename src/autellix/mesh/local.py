@@ -155,6 +155,7 @@ class LocalMesh:
     store_url: str | None = None
 
     def __post_init__(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.control_plane = ThreadedControlPlane(self.settings)
         self.gateways: list[GatewayReplica] = []
         self.envoy: EnvoyProcess | None = None
