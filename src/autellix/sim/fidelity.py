@@ -14,8 +14,9 @@ from typing import Any
 
 from autellix.core import SchedulerConfig
 from autellix.sim.engine_model import EngineProfile
-from autellix.sim.serving import SYSTEMS, sim_summary, simulate_programs
+from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.workloads import make_programs
+from autellix.workloads.systems import SYSTEMS
 
 METRICS = ("mean_token_latency", "p99_token_latency", "programs_per_s", "mean_call_queue_s", "prefix_cache_hit_rate")
 

@@ -31,35 +31,7 @@ from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome
 from autellix.sim.virtual_loop import run_virtual
 from autellix.workloads import MESSAGE_OVERHEAD, AgentProgram, client_priority
 from autellix.workloads.metrics import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
-
-
-@dataclass(frozen=True)
-class SimSystem:
-    """A serving stack: the engine's scheduler and features, and the gateway's policy."""
-
-    name: str
-    scheduler: str  # EngineModel scheduler: fcfs | vllm-priority | mlfq | autellix
-    #: The gateway's policy (its process table and the engine plugin's); None: bare engines.
-    policy: str | None
-    prefix_caching: bool = True
-    chunked_prefill: bool = True
-    #: No gateway: each program sends its own bucketed token count as vLLM's
-    #: ``priority`` (``autellix.workloads.client_priority``).
-    client_priority: bool = False
-
-
-#: The paper's systems (Figure 12), the other policies of the core, and
-#: ``client-plas``: stock vLLM priority fed by the programs themselves (no gateway).
-SYSTEMS: dict[str, SimSystem] = {
-    "vllm": SimSystem("vllm", "fcfs", None, prefix_caching=False, chunked_prefill=False),
-    "vllm-opt": SimSystem("vllm-opt", "fcfs", None),
-    "vllm-priority": SimSystem("vllm-priority", "vllm-priority", "plas"),
-    "client-plas": SimSystem("client-plas", "vllm-priority", None, client_priority=True),
-    "mlfq": SimSystem("mlfq", "mlfq", "mlfq"),
-    "plas": SimSystem("plas", "autellix", "plas"),
-    "autellix": SimSystem("autellix", "autellix", "atlas"),
-}
-
+from autellix.workloads.systems import SYSTEMS, System
 
 #: Balancer names the CLI accepts, to the core's names.
 BALANCER_ALIASES = {"algorithm2": "autellix", "autellix": "autellix", "least_used": "least_used",
@@ -227,7 +199,7 @@ SIM_MODEL = "sim"
 class SimGateway:
     """The gateway's request controller (``autellix.control``) on the virtual clock, against the engine models."""
 
-    def __init__(self, system: SimSystem, config: SchedulerConfig, engines: dict[str, _Engine]) -> None:
+    def __init__(self, system: System, config: SchedulerConfig, engines: dict[str, _Engine]) -> None:
         self.system = system
         self.policy = policy_by_name(system.policy or "fcfs")
         self.store = MemoryProgramStore(self.policy)
@@ -311,7 +283,7 @@ class SimLLM:
         await asyncio.sleep(seconds)
 
 
-def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: SimSystem | str,
+def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System | str,
                       rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None) -> SimRun:
     """Run ``programs`` with Poisson arrivals at ``rate`` against ``engines``
     modelled engines of ``profile`` serving ``system``; deterministic in ``seed``."""
@@ -322,7 +294,7 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     if engines < 1:
         raise ValueError(f"engines must be >= 1, got {engines}")
     config = config or SchedulerConfig()
-    if system.policy is not None and system.scheduler == "autellix":
+    if system.policy is not None and system.engine_scheduler == "autellix":
         config = config.with_overrides(policy=system.policy)
     arrivals = poisson_arrivals(len(programs), rate, seed)
     stats: list[ProgramStat] = []
@@ -332,7 +304,7 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     async def main() -> None:
         loop = asyncio.get_running_loop()
         pool = {f"engine-{i}": _Engine(f"engine-{i}", EngineModel(
-            profile, scheduler=system.scheduler, config=config, prefix_caching=system.prefix_caching,
+            profile, scheduler=system.engine_scheduler, config=config, prefix_caching=system.prefix_caching,
             chunked_prefill=system.chunked_prefill), loop) for i in range(engines)}
         gateway = SimGateway(system, config, pool)
         holder["pool"] = pool

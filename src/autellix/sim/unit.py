@@ -95,23 +95,9 @@ def simulate(
     records = {p.program_id: ProgramRecord(p.program_id, p.arrival, p.tokens) for p in programs}
     if len(records) != len(programs):
         raise ValueError("program ids must be unique")
-    specs: dict[str, CallSpec] = {}
-    owner: dict[str, str] = {}
-    waiting_on: dict[str, set[str]] = {}
-    dependents: dict[str, list[str]] = {}
+    specs, owner, waiting_on, dependents = _call_graph(programs)
     left: dict[str, int] = {}  # decode steps still to run, per queued call
     unfinished = {p.program_id: len(p.calls) for p in programs}
-    for p in programs:
-        left_calls = {c.call_id for c in p.calls}
-        for c in p.calls:
-            if c.call_id in specs:
-                raise ValueError(f"call id {c.call_id!r} is used twice")
-            if not set(c.deps) <= left_calls:
-                raise ValueError(f"call {c.call_id!r} depends on a call outside its program")
-            specs[c.call_id], owner[c.call_id] = c, p.program_id
-            waiting_on[c.call_id] = set(c.deps)
-            for d in c.deps:
-                dependents.setdefault(d, []).append(c.call_id)
     pending = sorted(programs, key=lambda p: p.arrival)  # stable: ties keep input order
     next_program = 0
     remaining_calls = len(specs)
@@ -177,6 +163,27 @@ def simulate(
     else:
         raise RuntimeError(f"simulation did not finish within {max_steps} steps")
     return SimResult(policy.name, calls, records)
+
+
+def _call_graph(programs: Sequence[ProgramSpec]) -> tuple[dict[str, CallSpec], dict[str, str], dict[str, set[str]],
+                                                          dict[str, list[str]]]:
+    """Every call by id, its program, the calls it waits on and the calls that wait on it."""
+    specs: dict[str, CallSpec] = {}
+    owner: dict[str, str] = {}
+    waiting_on: dict[str, set[str]] = {}
+    dependents: dict[str, list[str]] = {}
+    for p in programs:
+        own_calls = {c.call_id for c in p.calls}
+        for c in p.calls:
+            if c.call_id in specs:
+                raise ValueError(f"call id {c.call_id!r} is used twice")
+            if not set(c.deps) <= own_calls:
+                raise ValueError(f"call {c.call_id!r} depends on a call outside its program")
+            specs[c.call_id], owner[c.call_id] = c, p.program_id
+            waiting_on[c.call_id] = set(c.deps)
+            for d in c.deps:
+                dependents.setdefault(d, []).append(c.call_id)
+    return specs, owner, waiting_on, dependents
 
 
 def _first(n: int) -> Callable[[QueuedCall], bool]:

@@ -179,13 +179,10 @@ def lats_program(
             calls += 2 * LATS_SAMPLES
             node.children.extend(children)
             scores = [rng.random() for _ in children]  # the value calls' judgments (their text is junk)
+            for child, score in zip(children, scores, strict=True):
+                child.visits, child.value = 1, score
             best_i = max(range(LATS_SAMPLES), key=scores.__getitem__)
-            best = children[best_i]
-            best.visits, best.value = 1, scores[best_i]
-            for i, child in enumerate(children):
-                if i != best_i:
-                    child.visits, child.value = 1, scores[i]
-            steps = list(best.steps)
+            steps = list(children[best_i].steps)
             for _ in range(LATS_ROLLOUT_DEPTH):  # rollout: a sequential simulation from the best child
                 if len(steps) >= LATS_MAX_DEPTH:
                     break

@@ -1,0 +1,56 @@
+"""The serving stacks that the benchmark (``autellix bench sweep``) and the
+simulator (``autellix sim --system``, ``autellix sim sweep``) compare: one table.
+
+* ``vllm``: bare engine, FCFS, prefix caching off (the paper's baseline);
+* ``vllm-opt``: bare engine, FCFS, prefix caching and chunked prefill on;
+* ``client-plas``: bare engine with stock vLLM's ``--scheduling-policy
+  priority``, no gateway; each program sends its own generated-token count,
+  bucketed, as the calls' ``priority`` (``autellix.workloads.client_priority``):
+  what a user can do in ten lines without Autellix;
+* ``vllm-priority``: stock vLLM priority scheduling behind the gateway, which
+  sends each call's PLAS queue level as ``priority`` (no plugin, no preemption);
+* ``mlfq``: gateway and engine plugin with classic MLFQ (every call starts in Q1);
+* ``plas``: gateway and engine plugin with PLAS;
+* ``autellix``: gateway and engine plugin with the default policy (width-aware ATLAS).
+
+Standard library only: ``autellix.bench`` and ``autellix.sim`` both read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class System:
+    """A serving stack: the engine's scheduler and features, and the gateway's policy."""
+
+    name: str
+    #: The engine's scheduler: ``autellix`` (the plugin, running ``policy``), ``vllm-priority``
+    #: (stock vLLM, ``--scheduling-policy priority``) or ``fcfs``; the real engine's
+    #: (``autellix.engine.launch.SCHEDULERS``) and the engine model's
+    #: (``autellix.sim.engine_model.SCHEDULERS``).
+    engine_scheduler: str
+    #: The gateway's policy (its process table and the engine plugin's); None: no gateway, bare engines.
+    policy: str | None
+    prefix_caching: bool = True
+    #: The engine model's chunked prefill (the simulator's ``vllm`` baseline has none);
+    #: the benchmark's real engines keep vLLM's default.
+    chunked_prefill: bool = True
+    #: No gateway: each program sends its own bucketed token count as vLLM's
+    #: ``priority`` (``autellix.workloads.client_priority``).
+    client_priority: bool = False
+
+
+#: The paper's systems (Figure 12), the other policies of the core, and ``client-plas``.
+SYSTEMS: dict[str, System] = {
+    "vllm": System("vllm", "fcfs", None, prefix_caching=False, chunked_prefill=False),
+    "vllm-opt": System("vllm-opt", "fcfs", None),
+    "client-plas": System("client-plas", "vllm-priority", None, client_priority=True),
+    "vllm-priority": System("vllm-priority", "vllm-priority", "plas"),
+    "mlfq": System("mlfq", "autellix", "mlfq"),
+    "plas": System("plas", "autellix", "plas"),
+    "autellix": System("autellix", "autellix", "atlas"),
+}
+
+__all__ = ["SYSTEMS", "System"]

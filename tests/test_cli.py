@@ -1,0 +1,239 @@
+"""The CLI's scheduler options are generated once from SchedulerConfig and applied
+the same way by every command; the simulator and the benchmark read one table of systems.
+
+The commands run with their adapter (gateway, engine, launcher, emulator,
+simulator, sweep) replaced by a stub that records the SchedulerConfig it got:
+nothing is started."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
+from typing import Any
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from autellix.cli import app
+from autellix.cli.options import HELP, SchedulerOverrides, option_help, option_type, scheduler_options
+from autellix.core import SchedulerConfig
+from autellix.core.config import POLICIES
+from autellix.workloads.data import workloads_available
+
+FIELDS = [f.name for f in fields(SchedulerConfig)]
+needs_data = pytest.mark.skipif(not workloads_available(), reason="workload data not found")
+
+#: The scheduler options of each command that takes some (the CLI's, unchanged by the move to cli/).
+EXPOSED = {
+    "autellix gateway": {"policy", "beta", "balancer"},
+    "autellix up": {"policy"},
+    "autellix engine": {"policy", "beta", "quanta", "boundaries", "multi_step"},
+    "autellix emulate": {"policy"},
+    "autellix sim": {"boundaries", "quanta", "beta", "balancer"},
+    "autellix bench sweep": {"beta", "boundaries"},
+}
+
+
+def commands() -> Iterator[tuple[str, Any]]:
+    def walk(command: Any, name: str) -> Iterator[tuple[str, Any]]:  # typer ships its own click: duck-typed
+        yield name, command
+        for sub_name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, f"{name} {sub_name}")
+
+    yield from walk(typer.main.get_command(app), "autellix")
+
+
+def test_every_scheduler_field_has_its_option_text_and_type() -> None:
+    assert set(HELP) == set(FIELDS)
+    # lists (queue boundaries, quanta) as comma-separated text, which SchedulerConfig parses
+    assert {name: option_type(name) for name in FIELDS} == {
+        "policy": str, "boundaries": str, "quanta": str, "beta": float, "balancer": str, "long_prompt_tokens": int,
+        "program_idle_ttl": float, "multi_step": int}
+    assert option_help("beta") == "Anti-starvation ratio, inf disables (default: $AUTELLIX_BETA)"
+
+
+def test_each_command_exposes_its_scheduler_fields_once_as_generated() -> None:
+    seen = {}
+    for name, command in commands():
+        generated = getattr(command.callback, "scheduler_options", ())  # set by scheduler_options
+        if not generated:
+            continue
+        opts = [opt for param in command.params for opt in param.opts]
+        exposed = {f for f in FIELDS if f"--{f.replace('_', '-')}" in opts}
+        assert exposed == set(generated), name  # no scheduler option of its own beside them
+        seen[name] = exposed
+        for field in exposed:
+            flag = f"--{field.replace('_', '-')}"
+            assert opts.count(flag) == 1, (name, flag)
+            (param,) = [p for p in command.params if flag in p.opts]
+            assert param.default is None and not param.required, (name, field)  # not given: the base's value
+            # the help is the field's text (or the command's own), with a registry's names where it has one
+            if field == "policy":
+                assert [p for p in POLICIES if p in param.help] == list(POLICIES), (name, param.help)
+            if name not in {"autellix sim"}:
+                assert param.help.startswith(HELP[field]), (name, field, param.help)
+    assert seen == EXPOSED
+
+
+def test_the_decorator_rejects_what_is_not_a_scheduler_field() -> None:
+    with pytest.raises(ValueError, match="not scheduler options"):
+        scheduler_options("policy", "sjf")
+    with pytest.raises(ValueError, match="not scheduler options"):
+        scheduler_options("policy", help_text={"beta": "not exposed here"})
+
+
+def test_overrides_apply_over_a_base_and_fail_with_exit_code_two() -> None:
+    overrides = SchedulerOverrides({"policy": "plas", "beta": None, "boundaries": "1,2"})
+    assert overrides.given == {"policy": "plas", "boundaries": "1,2"}
+    config = overrides.apply(SchedulerConfig(beta=8.0))
+    assert (config.policy, config.beta, config.boundaries, config.quanta) == ("plas", 8.0, (1.0, 2.0), (math.inf,) * 3)
+    assert overrides.with_values(policy=None).apply(SchedulerConfig()).policy == "atlas"
+    with pytest.raises(typer.Exit) as exit_info:
+        SchedulerOverrides({"beta": 0.0}).config()
+    assert exit_info.value.exit_code == 2
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[SchedulerConfig]:
+    """Every command's adapter replaced by a stub that records the SchedulerConfig it is given."""
+    import autellix.engine.launch
+    import autellix.gateway.serve
+    import autellix.launcher
+    import autellix.sim.emulator
+    import autellix.sim.serving
+
+    got: list[SchedulerConfig] = []
+
+    def gateway_serve(config: Any, *args: Any, **kwargs: Any) -> None:
+        got.append(config.scheduler)
+
+    def engine_env(port: int, config: SchedulerConfig) -> dict[str, str]:
+        got.append(config)
+        return {}
+
+    async def emulator_serve(pool: Sequence[Any], host: str, ports: Sequence[int]) -> None:
+        got.append(pool[0].model.config)
+
+    def simulate_programs(*args: Any, config: SchedulerConfig, **kwargs: Any) -> None:
+        got.append(config)
+        raise _Stop
+
+    monkeypatch.setattr(autellix.gateway.serve, "serve", gateway_serve)
+    monkeypatch.setattr(autellix.launcher, "run_local", lambda **kw: got.append(kw["scheduler_config"]))
+    monkeypatch.setattr(autellix.engine.launch, "engine_env", engine_env)
+    monkeypatch.setattr(os, "execvpe", lambda *args: None)
+    monkeypatch.setattr(autellix.sim.emulator, "serve", emulator_serve)
+    monkeypatch.setattr(autellix.sim.serving, "simulate_programs", simulate_programs)
+    return got
+
+
+class _Stop(Exception):
+    """The simulator's stub has what it needs."""
+
+
+#: Each command that starts from $AUTELLIX_* and the options it needs besides the scheduler's.
+FROM_ENV: dict[str, list[str]] = {
+    "gateway": ["gateway", "--engine", "http://127.0.0.1:9"],
+    "up": ["up"],
+    "engine": ["engine", "--model", "some-model"],
+    "emulate": ["emulate"],
+    "sim": ["sim", "--engine-profile", "cpu-tiny", "--workload", "bfcl", "--programs", "1"],
+}
+COMMANDS = [pytest.param(c, marks=needs_data) if c == "sim" else c for c in FROM_ENV]
+
+
+def run(args: list[str]) -> Any:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 or isinstance(result.exception, _Stop), (args, result.output, result.exception)
+    return result
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_applies_its_options_over_the_environment_alike(
+        command: str, recorded: list[SchedulerConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTELLIX_BOUNDARIES", "1,2,4")
+    monkeypatch.setenv("AUTELLIX_BETA", "6")
+    monkeypatch.setenv("AUTELLIX_POLICY", "mlfq")
+    exposed = EXPOSED[f"autellix {command}"]
+    values = {"policy": "plas", "beta": 2.5, "quanta": "8,16,32,inf", "boundaries": "0.5,1,2", "multi_step": 3,
+              "balancer": "round_robin"}
+    given = {k: v for k, v in values.items() if k in exposed}
+    args = [part for k, v in given.items() for part in (f"--{k.replace('_', '-')}", str(v))]
+    run(FROM_ENV[command] + args)
+    expected = SchedulerConfig.from_env().with_overrides(**given)
+    assert recorded == [expected]
+    if "policy" not in exposed:
+        assert recorded[0].policy == "mlfq"  # the environment's
+    run(FROM_ENV[command])
+    assert recorded[1] == SchedulerConfig.from_env()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_refuses_a_bad_value_the_same_way(command: str, recorded: list[SchedulerConfig]) -> None:
+    field = sorted(EXPOSED[f"autellix {command}"] & {"policy", "beta"})[0]
+    value = {"policy": "sjf", "beta": "0"}[field]
+    result = CliRunner().invoke(app, [*FROM_ENV[command], f"--{field}", value])
+    assert result.exit_code == 2 and not recorded
+    assert result.output.startswith(f"error: {field}: expected"), result.output
+
+
+def test_bench_sweep_applies_its_options_over_the_workloads_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autellix.bench.sweep as sweep
+
+    got: list[SchedulerConfig | None] = []
+
+    def run_sweep(*args: Any, scheduler: SchedulerConfig | None, **kwargs: Any) -> None:
+        got.append(scheduler)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    monkeypatch.setenv("AUTELLIX_BETA", "6")  # not read: a sweep's settings are the workload's
+    invoke: Callable[[list[str]], Any] = lambda args: CliRunner().invoke(app, ["bench", "sweep", *args])  # noqa: E731
+    for args in (["--workload", "lats", "--beta", "3"], ["--workload", "bfcl", "--boundaries", "0.5,2"], []):
+        assert "stop here" in invoke(args).output
+    lats = sweep.ENGINE_SETTINGS["lats"].scheduler
+    assert lats is not None and sweep.ENGINE_SETTINGS["bfcl"].scheduler is None
+    assert got == [lats.with_overrides(beta=3.0), SchedulerConfig(boundaries=(0.5, 2.0)), None]
+    bad = invoke(["--boundaries", "2,1"])
+    assert bad.exit_code == 2 and bad.output.startswith("error: boundaries: expected strictly increasing")
+
+
+def test_sim_and_bench_read_one_table_of_systems() -> None:
+    from autellix.bench import sweep
+    from autellix.engine.launch import SCHEDULERS as ENGINE_SCHEDULERS
+    from autellix.sim import serving
+    from autellix.sim.engine_model import SCHEDULERS as MODEL_SCHEDULERS
+    from autellix.workloads.systems import SYSTEMS
+
+    assert sweep.SYSTEMS is SYSTEMS and serving.SYSTEMS is SYSTEMS
+    for name, system in SYSTEMS.items():
+        assert system.name == name
+        # the real engine runs it and the engine model models it
+        assert system.engine_scheduler in ENGINE_SCHEDULERS and system.engine_scheduler in MODEL_SCHEDULERS
+        assert system.policy is None or system.policy in POLICIES
+        assert not (system.client_priority and system.policy), "client priority is for bare engines"
+    helps = {name: param.help for name, command in commands() for param in command.params
+             if {"--system", "--systems"} & set(param.opts)}
+    assert set(helps) == {"autellix sim", "autellix bench sweep", "autellix sim fidelity"}
+    for name in ("autellix sim", "autellix bench sweep"):
+        assert [s for s in SYSTEMS if s in helps[name]] == list(SYSTEMS), helps[name]
+
+
+@needs_data
+def test_the_simulators_mlfq_is_the_plugin_running_mlfq_as_on_the_real_engine() -> None:
+    """``mlfq`` runs the plugin (engine scheduler ``autellix``) with policy mlfq, as the benchmark's
+    engine does; the engine model's own ``mlfq`` scheduler (``autellix emulate``) gives the same run."""
+    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.serving import sim_summary, simulate_programs
+    from autellix.workloads import make_programs
+    from autellix.workloads.systems import SYSTEMS, System
+
+    profile = EngineProfile.load("a100-llama3.1-8b").with_overrides(max_num_seqs=8)
+    programs = make_programs("mixed", 12, seed=2)
+    runs = [sim_summary(simulate_programs(programs, profile=profile, system=system, rate=3.0, seed=2))
+            for system in (SYSTEMS["mlfq"], System("mlfq", "mlfq", "mlfq"), SYSTEMS["autellix"])]
+    assert runs[0] == runs[1]
+    assert runs[0]["preemptions"] > 0 and runs[0] != runs[2]  # the queues matter under this load
