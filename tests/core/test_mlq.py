@@ -86,3 +86,27 @@ def test_remove_settles_times_and_checks_membership():
     done = q.remove("c", now=3.0)
     assert done.total_model_time == 3.0 and "c" not in q and len(q) == 0
     q.check_invariants()
+
+
+def test_a_promoted_call_takes_its_place_in_q1_by_arrival():
+    """At Q1's tail a promoted call would queue again behind every newcomer that
+    arrived while it starved; it goes ahead of those, behind the earlier ones."""
+    programs = {"old": ProgramView(priority=50, wait=30, service=50)}
+    programs |= {f"new{i}": ProgramView(0, 0, 0) for i in range(3)}
+    spec = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=1.0)
+    q = MultiLevelQueue(spec, lookup_from(programs))
+    q.add("n0", "new0", now=0.0)
+    starving = q.add("s", "old", now=0.0)
+    q.add("n1", "new1", now=1.0)
+    q.add("n2", "new2", now=2.0)
+    for t in range(25):  # "n0" holds the only slot; the others wait
+        q.rebalance(float(t))
+        q.form_batch(take(1))
+        if starving.level == 0:
+            break
+    assert starving.level == 0 and starving.promotions == 1
+    assert [c.call_id for c in q] == ["n0", "s", "n1", "n2"]
+    assert [c.rank for c in q] == sorted(c.rank for c in q)
+    q.check_invariants()
+    q.remove("n0", now=21.0)  # the slot frees: the promoted call is next
+    assert [c.call_id for c in q.form_batch(take(1))] == ["s"]

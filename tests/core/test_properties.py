@@ -95,18 +95,14 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones(beta, calls, le
     long = chain("L", [length] * calls)
     stream_end = 15 * calls * length
     shorts = [ProgramSpec(f"s{i}", float(i), (CallSpec(f"s{i}.0", 2),)) for i in range(stream_end) if i % 40]
-    q1_wait = 0
-
-    def observe(t, queue, table, ran):
-        nonlocal q1_wait
-        running = {id(c) for c in ran}
-        q1_wait += sum(1 for c in queue if c.program_id == "L" and c.level == 0 and id(c) not in running)
-
     config = CONFIG.with_overrides(beta=beta)
-    record = simulate([long, *shorts], policy_by_name("plas"), config, batch_size=2, observer=observe).programs["L"]
+    record = simulate([long, *shorts], policy_by_name("plas"), config, batch_size=2).programs["L"]
     assert record.finish < stream_end  # done while the stream still runs
-    # Outside Q1, where promotion acts, the program waits at most beta times its
-    # service; the rest is FCFS queueing inside Q1 behind the stream.
-    assert record.wait - q1_wait <= beta * record.service
+    # Its whole wait, in Q1 included, stays within 2 beta times its service (1.9x
+    # at worst over every case drawn here): a promoted call takes its place in Q1
+    # by arrival instead of queueing again behind the stream, where it waited up
+    # to 10.9 beta times its service. (Not beta: a promotion resets only the
+    # call's own wait, and the program's finished calls count their Q1 time.)
+    assert record.wait <= 2 * beta * record.service
     starved = simulate([long, *shorts], policy_by_name("plas"), CONFIG.with_overrides(beta=math.inf), batch_size=2)
     assert starved.programs["L"].finish >= stream_end

@@ -3,7 +3,9 @@
 K queues Q1..QK (index 0..K-1 here). A call enters the queue whose service range
 holds its program's priority (or Q1 for program-agnostic policies), runs FCFS
 inside it, is demoted when it has used its queue's quantum, and is promoted back
-to Q1 when its program has waited ``beta`` times its service. A batch is the
+to Q1 when its program has waited ``beta`` times its service. A promoted call
+takes its place in Q1 by its arrival, ahead of the calls that arrived after it
+(not at Q1's tail: docs/scheduling.md, "Promotion by arrival"). A batch is the
 longest prefix of Q1..QK, in that order, that the engine can fit.
 
 The queue knows nothing of engines or clocks: the caller passes ``now`` and an
@@ -15,7 +17,7 @@ running call simply by ranking ahead of it in the next batch.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -84,7 +86,8 @@ class QueuedCall:
     promoted: bool = False
     promotions: int = 0
     demotions: int = 0
-    #: When the call entered its current queue: FCFS order inside the queue.
+    #: Its place inside its current queue (calls run in ascending order): when
+    #: it entered the queue, or, once promoted to Q1, when it arrived (``seq``).
     entered: int = 0
     payload: Any = None
 
@@ -105,8 +108,8 @@ class QueuedCall:
 
     @property
     def rank(self) -> int:
-        """One integer that sorts calls exactly as the queues do (Q1 first, FCFS
-        inside each): what an engine's priority heap is keyed by."""
+        """One integer that sorts calls exactly as the queues do (Q1 first, then
+        by place inside each): what an engine's priority heap is keyed by."""
         return (self.level << RANK_BITS) | self.entered
 
 
@@ -115,15 +118,51 @@ class QueuedCall:
 RANK_BITS = 40
 
 
+class _Queue:
+    """One queue, its calls in ascending ``entered`` order. A call that enters
+    it joins the tail in O(1); a promoted call, placed by its arrival, is
+    inserted by bisection (O(calls) to shift, a memmove); removal likewise."""
+
+    __slots__ = ("_calls", "_places")
+
+    def __init__(self) -> None:
+        self._calls: dict[int, QueuedCall] = {}
+        self._places: list[int] = []  # the keys of _calls, ascending
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def __iter__(self) -> Iterator[QueuedCall]:
+        calls = self._calls
+        for place in self._places:
+            yield calls[place]
+
+    def insert(self, call: QueuedCall) -> None:
+        place = call.entered
+        if not self._places or place > self._places[-1]:
+            self._places.append(place)
+        else:
+            insort(self._places, place)
+        self._calls[place] = call
+
+    def discard(self, call: QueuedCall) -> None:
+        del self._calls[call.entered]
+        places = self._places
+        if places[-1] == call.entered:
+            places.pop()
+        else:
+            del places[bisect_left(places, call.entered)]
+
+
 class MultiLevelQueue:
-    """The K queues, FCFS inside each, with demotion and program-level promotion."""
+    """The K queues, FCFS inside each, with demotion and program-level promotion
+    (a promoted call placed in Q1 by its arrival)."""
 
     def __init__(self, spec: QueueSpec, lookup: ProgramLookup, *, places_by_priority: bool = True) -> None:
         self.spec = spec
         self.places_by_priority = places_by_priority
         self._lookup = lookup
-        # Insertion-ordered dicts: FCFS iteration plus O(1) removal from anywhere.
-        self._queues: list[dict[Hashable, QueuedCall]] = [{} for _ in range(spec.num_queues)]
+        self._queues: list[_Queue] = [_Queue() for _ in range(spec.num_queues)]
         self._calls: dict[Hashable, QueuedCall] = {}
         self._running: dict[Hashable, QueuedCall] = {}
         #: Calls charged since the last rebalance: the only ones a quantum can run out for.
@@ -140,9 +179,9 @@ class MultiLevelQueue:
         return call_id in self._calls
 
     def __iter__(self) -> Iterator[QueuedCall]:
-        """Calls in scheduling order: Q1 first, FCFS inside each queue."""
+        """Calls in scheduling order: Q1 first, by place (FCFS, promoted calls by arrival) inside each."""
         for queue in self._queues:
-            yield from queue.values()
+            yield from queue
 
     def get(self, call_id: Hashable) -> QueuedCall | None:
         return self._calls.get(call_id)
@@ -175,27 +214,31 @@ class MultiLevelQueue:
         )
         self._seq += 1
         self._calls[call_id] = call
-        self._queues[level][call_id] = call
+        self._queues[level].insert(call)
         return call
 
     def remove(self, call_id: Hashable, now: float) -> QueuedCall:
         """A call leaves (finished or aborted); its times are settled to ``now``."""
         self.advance(now)
         call = self._calls.pop(call_id)
-        del self._queues[call.level][call_id]
+        self._queues[call.level].discard(call)
         self._running.pop(call_id, None)
         self._charged.pop(call_id, None)
         call.running = False
         call.clock = [self._shared_clock[0]]  # its times stop here
         return call
 
-    def _move(self, call: QueuedCall, level: int) -> None:
-        del self._queues[call.level][call.call_id]
+    def _move(self, call: QueuedCall, level: int, *, by_arrival: bool = False) -> None:
+        """Into ``level``'s tail, or, ``by_arrival``, at the place its arrival gives it."""
+        self._queues[call.level].discard(call)
         call.level = level
         call.quantum_left = self.spec.quanta[level]
-        call.entered = self._seq  # joins the tail of its new queue
-        self._seq += 1
-        self._queues[level][call.call_id] = call
+        if by_arrival:
+            call.entered = call.seq
+        else:
+            call.entered = self._seq  # joins the tail of its new queue
+            self._seq += 1
+        self._queues[level].insert(call)
 
     # ---- time -------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -264,7 +307,9 @@ class MultiLevelQueue:
                     call.wait_origin, call.model_time = now, 0.0
                     call.promoted = True
                     call.promotions += 1
-                    self._move(call, 0)
+                    # Ahead of the calls that arrived after it: at Q1's tail, a
+                    # promoted call would wait again behind every newcomer.
+                    self._move(call, 0, by_arrival=True)
                     moved.append(call)
         return moved
 
@@ -299,10 +344,10 @@ class MultiLevelQueue:
         """Every call sits in exactly one queue, at the level it records."""
         seen = 0
         for level, queue in enumerate(self._queues):
-            for call_id, call in queue.items():
-                assert call.level == level, f"{call_id!r} recorded at {call.level}, queued at {level}"
-                assert self._calls.get(call_id) is call, f"{call_id!r} queued but not indexed"
+            for call in queue:
+                assert call.level == level, f"{call.call_id!r} recorded at {call.level}, queued at {level}"
+                assert self._calls.get(call.call_id) is call, f"{call.call_id!r} queued but not indexed"
                 seen += 1
-            entered = [c.entered for c in queue.values()]
-            assert entered == sorted(entered), f"queue {level} is not in FCFS order"
+            entered = [c.entered for c in queue]
+            assert entered == sorted(entered), f"queue {level} is not in order"
         assert seen == len(self._calls), "a call is indexed but not queued, or queued twice"
