@@ -79,6 +79,8 @@ class CircuitBreaker:
 
     def allows(self, now: float) -> bool:
         """May a call go to this engine now? Pure question: it takes no probe slot."""
+        if self._state is BreakerState.CLOSED:  # the common case: ``state`` would return it as it is
+            return True
         state = self.state(now)
         if state is BreakerState.CLOSED:
             return True
@@ -88,7 +90,7 @@ class CircuitBreaker:
 
     def begin(self, now: float) -> None:
         """A call is sent (in half-open: it is the probe)."""
-        if self.state(now) is BreakerState.HALF_OPEN:
+        if self._state is not BreakerState.CLOSED and self.state(now) is BreakerState.HALF_OPEN:
             self._probe_since = now
 
     def record(self, ok: bool, now: float) -> None:

@@ -297,7 +297,8 @@ class RequestController:
             if journal.result == "running":  # the client went away, or the transport failed
                 journal.result = "aborted"
             try:
-                await state.settle(None)
+                if not state.done:  # (settled already, as nearly every call is: nothing to await)
+                    await state.settle(None)
             finally:  # a one-call program leaves with its call, even if the settlement was cancelled
                 if owner.ephemeral:
                     ended = await self.store.end(program_id, remember=False)

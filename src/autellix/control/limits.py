@@ -213,7 +213,10 @@ class TenantLimiter:
     # ---- calls ---------------------------------------------------------------------
     def check_call(self, tenant: str | None, now: float) -> None:
         """Raise ``Refusal`` when the tenant may not start (or queue) a call now; changes nothing."""
-        state = self.state(tenant, now)
+        self._check_call(self.state(tenant, now), now)
+
+    @staticmethod
+    def _check_call(state: TenantState, now: float) -> None:
         if state.requests is not None and (wait := state.requests.wait_for(1.0, now)) > 0:
             state.refused += 1
             raise Refusal(f"Rate limit: {state.limits.requests_per_minute:g} requests per minute.",
@@ -230,8 +233,8 @@ class TenantLimiter:
 
     def enter_call(self, tenant: str | None, now: float) -> Ticket:
         """``check_call``, then take the request and a slot (or a place in the queue)."""
-        self.check_call(tenant, now)
         state = self.state(tenant, now)
+        self._check_call(state, now)
         if state.requests is not None:
             state.requests.take(1.0, now)
         state.admitted += 1

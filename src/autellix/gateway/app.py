@@ -328,7 +328,7 @@ class Gateway:
                     identity: str | None) -> web.StreamResponse:
         assert self.pool is not None and self.controller is not None
         model = body["model"]
-        if not self.pool.loads():
+        if not self.pool.available():
             raise unavailable("No healthy engine is available.")
         if not self.pool.serves(model):
             names = ", ".join(sorted(m["id"] for m in self.pool.models()))
@@ -418,7 +418,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
-    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource else "unmatched"
     try:
         response = await handler(request)
     except APIError as exc:
@@ -433,7 +434,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = error_response(APIError(500, "Internal gateway error.", type="server_error",
                                            code="internal_error"))
         gateway.metrics.errors.labels(route, "internal_error").inc()
-    gateway.metrics.requests.labels(route, str(response.status)).inc()
+    gateway.metrics.request_counted(route, response.status)
     return response
 
 

@@ -126,16 +126,26 @@ class EnginePool:
         self.ready = asyncio.Event()
 
     # ---- what the request path reads (no I/O) --------------------------------
+    @staticmethod
+    def _takes_calls(engine: EngineState, now: float) -> bool:
+        """Healthy, not draining, not backing off a hang, its breaker letting calls through."""
+        return engine.healthy and not engine.draining and engine.hung_until <= now and engine.breaker.allows(now)
+
     def loads(self, exclude: Collection[str] = frozenset()) -> dict[str, float]:
-        """Load of every engine that may take a new call: healthy, not draining, not backing off a hang."""
+        """Load of every engine that may take a new call."""
         now = time.monotonic()
-        return {u: e.load for u, e in self.engines.items()
-                if e.healthy and not e.draining and e.hung_until <= now and u not in exclude
-                and e.breaker.allows(now)}
+        return {u: e.load for u, e in self.engines.items() if u not in exclude and self._takes_calls(e, now)}
+
+    def available(self) -> bool:
+        """Whether any engine may take a new call: ``bool(loads())``, without building the loads."""
+        now = time.monotonic()
+        return any(self._takes_calls(e, now) for e in self.engines.values())
 
     def candidates(self, model: str, exclude: Collection[str] = frozenset()) -> dict[str, float]:
         """``loads`` of the engines that serve ``model``: a call never goes to one that does not."""
-        return {u: load for u, load in self.loads(exclude).items() if model in self.engines[u].model_ids}
+        now = time.monotonic()
+        return {u: e.load for u, e in self.engines.items()
+                if u not in exclude and model in e.model_ids and self._takes_calls(e, now)}
 
     def models(self) -> list[dict]:
         """Every model a healthy engine serves, each once (the first engine's description)."""

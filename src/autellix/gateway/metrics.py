@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -70,3 +71,11 @@ class GatewayMetrics:
                                        "Program response time / generated tokens, at session end",
                                        buckets=WAIT_BUCKETS, registry=r)
         r.register(_Live(programs, inflight, breakers))
+        self._requests: dict[tuple[str, int], Any] = {}  # labelled children, looked up once (the hot path)
+
+    def request_counted(self, route: str, status: int) -> None:
+        """One more request on ``route`` answered with ``status`` (``requests``, by its cached child)."""
+        child = self._requests.get((route, status))
+        if child is None:
+            child = self._requests[(route, status)] = self.requests.labels(route, str(status))
+        child.inc()
