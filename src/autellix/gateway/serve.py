@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 
 from aiohttp import web
 
 from autellix.core import policy_by_name
 from autellix.gateway.app import GATEWAY_KEY, SERVER_LIMITS, GatewayConfig, create_app
+from autellix.gateway.heap import heap_trim_every, install_heap_trim
 from autellix.gateway.lifecycle import Lifecycle, open_store, run_gateway
 
 
@@ -35,6 +37,7 @@ def serve(config: GatewayConfig, host: str, port: int, *, print_fn=print, store_
     lifecycle = Lifecycle(replica=replica or f"{socket.gethostname()}:{port}", shutdown_grace=shutdown_grace,
                           store_ping=ping, key_ttl=config.scheduler.program_idle_ttl)
     lifecycle.install(app, gateway.metrics.registry)
+    install_heap_trim(app, heap_trim_every(os.environ))
     if store_url is not None:
         from autellix.control.shared_drains import SharedDrains  # redis: only with a store
 
