@@ -43,14 +43,19 @@ def engines(count: int, log_dir: Path, **options: object) -> Iterator[list[Engin
             stop_engine(e)
 
 
-def load_instant_engine() -> ModuleType:
-    """``bench/instant_engine.py`` (an engine stand-in that answers at once), as a module."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "instant_engine.py"
-    spec = importlib.util.spec_from_file_location("instant_engine", path)
+def load_bench_script(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (the bench folder is scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_instant_engine() -> ModuleType:
+    """``bench/instant_engine.py`` (an engine stand-in that answers at once), as a module."""
+    return load_bench_script("instant_engine")
 
 
 #: A gateway process in front of engines (yields its base URL).

@@ -53,3 +53,23 @@ def test_the_sweep_offers_the_baselines_of_issue_15() -> None:
     assert SYSTEMS["client-plas"].engine_scheduler == "vllm-priority"  # stock vLLM, --scheduling-policy priority
     assert SYSTEMS["vllm-priority"].policy == "plas" and SYSTEMS["vllm-priority"].engine_scheduler == "vllm-priority"
     assert SYSTEMS["plas"].policy == "plas" and SYSTEMS["plas"].engine_scheduler == "autellix"
+
+
+def test_the_loaded_check_merges_only_sweeps_that_ran_the_same_draw() -> None:
+    from tests.live import load_bench_script
+
+    check = load_bench_script("loaded_check")
+
+    def sweep(seed: int, rates: list[float], results: dict[str, dict[str, dict[str, float]]]) -> dict:
+        return {"workload": "fanout", "seed": seed, "rates": rates, "results": results}
+
+    # vllm at the low rate and X (seed 1: X is draw 2), the others at X alone with seed 2: one draw
+    base = sweep(1, [0.2, 0.65], {"vllm": {"0.2": row(2.0), "0.65": row(8.0)}})
+    others = sweep(2, [0.65], {"client-plas": {"0.65": row(3.0)}, "autellix": {"0.65": row(2.4)}})
+    merged = check.merge([base, others])
+    assert merged["draws"] == {"0.2": 1, "0.65": 2} and merged["rates"] == [0.2, 0.65]
+    out = check.row(merged)
+    assert out["vllm_load"] == pytest.approx(4.0) and out["draw"] == 2
+    assert out["autellix/client-plas"] == pytest.approx(0.8) and out["autellix/vllm"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="draws 2 and 1 differ"):  # --seed 1 again: other programs at X
+        check.merge([base, sweep(1, [0.65], others["results"])])
