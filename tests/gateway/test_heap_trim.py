@@ -97,3 +97,13 @@ def test_the_interval_comes_from_the_environment() -> None:
     for bad in ("-1", "soon", "nan"):
         with pytest.raises(ValueError, match="AUTELLIX_HEAP_TRIM_S"):
             heap_trim_every({"AUTELLIX_HEAP_TRIM_S": bad})
+
+
+def test_the_gateway_refuses_a_bad_interval_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from autellix.cli import app
+
+    monkeypatch.setenv("AUTELLIX_HEAP_TRIM_S", "soon")
+    done = CliRunner().invoke(app, ["gateway", "--engine", "http://127.0.0.1:9", "--port", "0"])
+    assert done.exit_code == 2 and "AUTELLIX_HEAP_TRIM_S must be a number of seconds" in done.output

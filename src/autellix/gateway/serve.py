@@ -24,6 +24,7 @@ def serve(config: GatewayConfig, host: str, port: int, *, print_fn=print, store_
     Raises ``ExposedError`` before listening when either would be open to anyone beyond loopback,
     and ``autellix.control.keys.KeysError`` when a key source is empty or broken (fail closed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    trim_every = heap_trim_every(os.environ)  # a bad value is refused before anything is opened
     # store, readiness, SIGTERM and the per-replica counters: autellix.gateway.lifecycle
     store = ping = close_store = None
     if store_url is not None:
@@ -37,7 +38,7 @@ def serve(config: GatewayConfig, host: str, port: int, *, print_fn=print, store_
     lifecycle = Lifecycle(replica=replica or f"{socket.gethostname()}:{port}", shutdown_grace=shutdown_grace,
                           store_ping=ping, key_ttl=config.scheduler.program_idle_ttl)
     lifecycle.install(app, gateway.metrics.registry)
-    install_heap_trim(app, heap_trim_every(os.environ))
+    install_heap_trim(app, trim_every)
     if store_url is not None:
         from autellix.control.shared_drains import SharedDrains  # redis: only with a store
 
