@@ -324,6 +324,11 @@ def settings_for(settings: kopf.OperatorSettings) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP,
                                                                             key="last-handled-configuration")
     settings.peering.standalone = True  # one operator replica; no peering resources needed (see the chart)
+    # A deleted resource keeps its finalizer until its timers have exited. A timer that does not
+    # exit at once (a tick awaiting the gateway) is re-checked after this many seconds, unless an
+    # event on the resource comes first; kopf's default of 60 s can hold a deleted engine, and its
+    # Deployment, for a minute.
+    settings.background.cancellation_polling = 1.0
 
 
 async def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
