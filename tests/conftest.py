@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autellix.engine.launch import EngineProcess, start_engine, stop_engine, wait_ready
-from tests.live import free_port
+from autellix.engine.launch import EngineProcess, stop_engine, wait_ready
+from tests.live import start_test_engine
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def engine_cache(engine_logs: Path) -> Iterator[Callable[..., EngineProcess]]:
         key = repr(sorted(options.items()))
         engine = started.get(key)
         if engine is None or not engine.alive():
-            engine = start_engine(free_port(), log_dir=engine_logs, **options)  # type: ignore[arg-type]
+            engine = start_test_engine(engine_logs, **options)
             started[key] = engine
             wait_ready([engine], timeout=400)
         return engine

@@ -34,7 +34,7 @@ def test_preempted_calls_resume_from_the_host_pool_with_identical_tokens() -> No
     # Prefix caching off: the scheduler's cost-aware preemption picks the victim whose KV the
     # prefix cache still holds, and such a resume never reads the pool; this test is about the pool.
     shape = ["--requests", "4", "--prompt-tokens", "300", "--max-tokens", "200", "--kv-blocks", "12",
-             "--no-prefix-caching"]
+             "--no-prefix-caching", "--enforce-eager"]
     swap = scenario(*shape, "--swap", "--host-pool-blocks", "64", "--solo")
     recompute = scenario(*shape, "--no-swap", "--no-solo")
 

@@ -38,6 +38,7 @@ class Scenario:
     host_pool_blocks: int = 64
     prefix_caching: bool = True
     solo: bool = True  # also run each request alone for reference tokens
+    enforce_eager: bool = False  # no torch.compile: a faster start, slower steps (the tests use it)
 
     def __post_init__(self) -> None:
         for name in ("requests", "prompt_tokens", "max_tokens", "kv_blocks", "max_num_seqs"):
@@ -93,7 +94,8 @@ def run(s: Scenario) -> dict[str, Any]:
     llm = LLM(model=str(build_tiny_model(default_model_dir())), load_format="dummy", dtype="float32", seed=s.seed,
               max_model_len=s.prompt_tokens + s.max_tokens + 128, num_gpu_blocks_override=s.kv_blocks,
               max_num_seqs=s.max_num_seqs, enable_prefix_caching=s.prefix_caching, scheduler_cls=SCHEDULER_CLS,
-              scheduling_policy="priority", async_scheduling=False, kv_transfer_config=kv_transfer)
+              scheduling_policy="priority", async_scheduling=False, kv_transfer_config=kv_transfer,
+              enforce_eager=s.enforce_eager)
     llm.apply_model(_randomize_weights(s.seed))
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     params = SamplingParams(max_tokens=s.max_tokens, temperature=0.0, ignore_eos=True)
