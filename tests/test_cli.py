@@ -33,7 +33,7 @@ EXPOSED = {
     "autellix engine": {"policy", "beta", "quanta", "boundaries", "multi_step"},
     "autellix emulate": {"policy"},
     "autellix sim": {"boundaries", "quanta", "beta", "balancer"},
-    "autellix bench sweep": {"beta", "boundaries"},
+    "autellix bench sweep": {"beta", "quanta", "boundaries"},
 }
 
 

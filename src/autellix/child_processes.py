@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,24 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """While inside, SIGTERM raises ``SystemExit(143)`` in the main thread, as Ctrl-C
+    raises ``KeyboardInterrupt``: the ``finally`` blocks and context managers that
+    stop local engines and gateways then run. Python's default for SIGTERM is to
+    die on the spot, and an engine started in a process group of its own
+    (``start_engine``) would outlive a benchmark or ``autellix up`` stopped that way."""
+
+    def raise_exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from autellix.child_processes import exit_on_sigterm
 from autellix.cli.common import OutputFormat, comma_list, fail, numbers, one_of, progress, write_json
 from autellix.cli.options import NO_OVERRIDES, SchedulerOverrides, scheduler_options
 from autellix.core.config import BALANCERS
@@ -100,9 +101,10 @@ def bench_sweep(
         base = ENGINE_SETTINGS[workload].scheduler if workload in ENGINE_SETTINGS else None
         scheduler = overrides.config(base or SchedulerConfig())
     try:
-        report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration, stream=stream,
-                           scheduler=scheduler, isolate_cores=isolate_cores,
-                           systems=comma_list(systems), progress=progress)
+        with exit_on_sigterm():  # a stopped sweep stops its engines too
+            report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration,
+                               stream=stream, scheduler=scheduler, isolate_cores=isolate_cores,
+                               systems=comma_list(systems), progress=progress)
     except ValueError as exc:
         raise fail(str(exc)) from None
     for path in write_report(report, out):
@@ -155,8 +157,9 @@ def bench_cluster_balancers(
 
     settings, out = ctx.obj
     try:
-        report = run_balancers(workload, engines=engines, rates=numbers(rates), balancers=comma_list(balancers),
-                               settings=settings, seed=seed, progress=progress)
+        with exit_on_sigterm():
+            report = run_balancers(workload, engines=engines, rates=numbers(rates), balancers=comma_list(balancers),
+                                   settings=settings, seed=seed, progress=progress)
     except (ValueError, KeyError) as exc:
         raise fail(str(exc)) from None
     typer.echo(f"wrote {write_json(report, out, f'cluster-{workload}-{engines}-balancers.json')}")
@@ -179,9 +182,10 @@ def bench_cluster_scaling(
 
     settings, out = ctx.obj
     try:
-        report = run_scaling(workload, engine_counts=numbers(engines, int) or [1], balancer=balancer,
-                             rates_per_engine=numbers(rates_per_engine), settings=settings, seed=seed,
-                             progress=progress)
+        with exit_on_sigterm():
+            report = run_scaling(workload, engine_counts=numbers(engines, int) or [1], balancer=balancer,
+                                 rates_per_engine=numbers(rates_per_engine), settings=settings, seed=seed,
+                                 progress=progress)
     except (ValueError, KeyError) as exc:
         raise fail(str(exc)) from None
     typer.echo(f"wrote {write_json(report, out, f'cluster-{workload}-scaling.json')}")
