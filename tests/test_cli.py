@@ -193,12 +193,12 @@ def test_bench_sweep_applies_its_options_over_the_workloads_settings(monkeypatch
     monkeypatch.setenv("AUTELLIX_BETA", "6")  # not read: a sweep's settings are the workload's
     invoke: Callable[[list[str]], Any] = lambda args: CliRunner().invoke(app, ["bench", "sweep", *args])  # noqa: E731
     for args in (["--workload", "lats", "--beta", "3"], ["--workload", "bfcl", "--boundaries", "0.5,2"],
-                 ["--workload", "fanout", "--quanta", "inf,inf,inf,inf,inf"], []):
+                 ["--workload", "fanout", "--quanta", "64,128,256,512,inf"], []):
         assert "stop here" in invoke(args).output
     lats, fanout = sweep.ENGINE_SETTINGS["lats"].scheduler, sweep.ENGINE_SETTINGS["fanout"].scheduler
     assert lats is not None and fanout is not None and sweep.ENGINE_SETTINGS["bfcl"].scheduler is None
     assert got == [lats.with_overrides(beta=3.0), SchedulerConfig(boundaries=(0.5, 2.0)),
-                   fanout.with_overrides(quanta=(math.inf,) * 5), None]
+                   fanout.with_overrides(quanta=(64.0, 128.0, 256.0, 512.0, math.inf)), None]
     bad = invoke(["--boundaries", "2,1"])
     assert bad.exit_code == 2 and bad.output.startswith("error: boundaries: expected strictly increasing")
     bad = invoke(["--workload", "fanout", "--quanta", "64,inf"])  # the workload's 4 boundaries need 5 quanta

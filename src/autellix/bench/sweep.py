@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -64,9 +63,11 @@ _LIGHT = EngineSettings(4, ("--max-num-batched-tokens", "1024", "--enforce-eager
 #: defaults are sized for GPU-length programs) and a looser anti-starvation
 #: ratio let least-attained-service keep the short programs ahead of the long
 #: ones (docs/benchmarks.md shows both settings, chosen in simulation first).
+#: Quanta are unbounded, as in the defaults: with quanta of 64-512 steps a
+#: demoted call was preempted by every newcomer, which cost autellix its lead
+#: over client-plas on this engine (docs/benchmarks.md, "Unbounded quanta").
 _HEAVY = EngineSettings(8, ("--max-num-batched-tokens", "2048"), (0.2, 1.0, 1.8), 20.0,
-                        SchedulerConfig(boundaries=(0.1, 0.4, 1.6, 6.4), quanta=(64, 128, 256, 512, math.inf),
-                                        beta=8.0))
+                        SchedulerConfig(boundaries=(0.1, 0.4, 1.6, 6.4), beta=8.0))
 #: The same for every system of a workload.
 ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT, "lats": _HEAVY, "mixed": _HEAVY,
                                               "fanout": _HEAVY}
