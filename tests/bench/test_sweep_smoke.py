@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autellix.bench.sweep import ENGINE_SETTINGS, SYSTEMS, run_sweep, write_report
 from autellix.workloads.data import ENV_VAR, workloads_available
+from tests.live import TEST_ENGINE_ARGS
 
 pytest.importorskip("matplotlib")
 
@@ -31,7 +33,10 @@ def test_each_system_gets_the_workloads_scheduler_settings_with_its_own_policy()
 
 
 @pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
-def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path) -> None:
+def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the workload's own settings, with the test engines' flags (eager: torch.compile costs each start ~12 s)
+    mixed = ENGINE_SETTINGS["mixed"]
+    monkeypatch.setitem(ENGINE_SETTINGS, "mixed", replace(mixed, args=(*mixed.args, *TEST_ENGINE_ARGS)))
     cores = os.sched_getaffinity(0)
     report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["vllm", "autellix"], isolate_cores=True,
                        log_dir=tmp_path / "logs", progress=lambda _: None)
