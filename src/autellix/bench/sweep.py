@@ -64,8 +64,8 @@ _LIGHT = EngineSettings(4, ("--max-num-batched-tokens", "1024", "--enforce-eager
 #: ratio let least-attained-service keep the short programs ahead of the long
 #: ones (docs/benchmarks.md shows both settings, chosen in simulation first).
 #: Quanta are unbounded, as in the defaults: with quanta of 64-512 steps a
-#: demoted call was preempted by every newcomer, which cost autellix its lead
-#: over client-plas on this engine (docs/benchmarks.md, "Unbounded quanta").
+#: demoted call was preempted by every newcomer: on mixed at 1.8/s that put
+#: autellix at 1.29x client-plas's mean (docs/benchmarks.md, "Unbounded quanta").
 _HEAVY = EngineSettings(8, ("--max-num-batched-tokens", "2048"), (0.2, 1.0, 1.8), 20.0,
                         SchedulerConfig(boundaries=(0.1, 0.4, 1.6, 6.4), beta=8.0))
 #: The same for every system of a workload.
