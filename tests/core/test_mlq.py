@@ -1,6 +1,7 @@
 import math
 
 from autellix.core import MultiLevelQueue, ProgramView, QueueSpec
+from autellix.core.mlq import backlog_ratio
 
 SPEC = QueueSpec(boundaries=(10.0, 100.0), quanta=(2.0, 4.0, math.inf), beta=math.inf)
 
@@ -110,3 +111,34 @@ def test_a_promoted_call_takes_its_place_in_q1_by_arrival():
     q.check_invariants()
     q.remove("n0", now=21.0)  # the slot frees: the promoted call is next
     assert [c.call_id for c in q.form_batch(take(1))] == ["s"]
+
+
+def test_backlog_ratio_sums_served_programs_and_counts_unfinished_calls_twice():
+    programs = {"a": ProgramView(priority=10, wait=6, service=10), "b": ProgramView(priority=2, wait=1, service=2),
+                "fresh": ProgramView(0, 0, 0)}
+    q = MultiLevelQueue(SPEC, lookup_from(programs))
+    ran = q.add("a1", "a", now=0.0)
+    q.add("b1", "b", now=0.0)
+    q.add("f1", "fresh", now=0.0)  # never served: no ratio, left out
+    q.mark_running([ran.call_id])
+    q.advance(2.0)  # "a1" ran 2 s (counted as 4: halfway on average), the others waited 2 s
+    lookup = lookup_from(programs)
+    assert backlog_ratio(q, lambda call: lookup(call.program_id)) == (6 + 1 + 2) / (10 + 4 + 2)
+    assert backlog_ratio([], lambda call: lookup(call.program_id)) == 0.0
+
+
+def test_under_a_backlog_only_programs_that_fare_worse_than_the_rest_are_promoted():
+    """beta 1, but every program has waited 3 times its service: promoting all of
+    them would only reshuffle the queue, so the bound rises to the backlog's ratio."""
+    programs = {"worse": ProgramView(priority=20, wait=80, service=20),
+                "alike": ProgramView(priority=20, wait=45, service=20),
+                **{f"busy{i}": ProgramView(priority=20, wait=40, service=20) for i in range(4)}}
+    spec = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=1.0)
+    q = MultiLevelQueue(spec, lookup_from(programs))
+    worse, alike = q.add("w", "worse", now=0.0), q.add("a", "alike", now=0.0)
+    for i in range(4):
+        q.add(f"b{i}", f"busy{i}", now=0.0)
+    moved = q.rebalance(0.0)
+    assert q.starvation_bound == (80 + 45 + 4 * 40) / (6 * 20)  # 2.375: "alike" (2.25) stays, "worse" (4) goes
+    assert moved == [worse] and worse.level == 0 and alike.level == 1
+    q.check_invariants()

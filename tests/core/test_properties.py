@@ -72,7 +72,8 @@ def test_one_queue_and_no_promotion_is_fcfs(seed, batch, policy):
        beta=st.sampled_from([0.5, 1.0, 2.0, 4.0]))
 def test_no_waiting_call_is_left_below_q1_once_its_program_starves(seed, batch, policy, beta):
     """The mechanism behind the bound: after every round, a call waiting outside
-    Q1 has (program wait + call wait) < beta * (program service + call time)."""
+    Q1 has (program wait + call wait) < bound * (program service + call time),
+    where the bound is beta, or the backlog's ratio when that is higher."""
     programs = random_programs(seed, 20, rate=0.6)
 
     def observe(t, queue, table, ran):
@@ -82,7 +83,8 @@ def test_no_waiting_call_is_left_below_q1_once_its_program_starves(seed, batch, 
                 continue
             program = table.view(call.program_id)
             wait, service = program.wait + call.wait, program.service + call.model_time
-            assert wait == 0 or wait < beta * service, (call, program)
+            assert queue.starvation_bound >= beta
+            assert wait == 0 or wait < queue.starvation_bound * service, (call, program, queue.starvation_bound)
 
     simulate(programs, policy_by_name(policy), CONFIG.with_overrides(beta=beta), batch_size=batch, observer=observe)
 
@@ -96,13 +98,16 @@ def test_a_long_program_is_not_starved_by_a_stream_of_short_ones(beta, calls, le
     stream_end = 15 * calls * length
     shorts = [ProgramSpec(f"s{i}", float(i), (CallSpec(f"s{i}.0", 2),)) for i in range(stream_end) if i % 40]
     config = CONFIG.with_overrides(beta=beta)
-    record = simulate([long, *shorts], policy_by_name("plas"), config, batch_size=2).programs["L"]
+    result = simulate([long, *shorts], policy_by_name("plas"), config, batch_size=2)
+    record = result.programs["L"]
     assert record.finish < stream_end  # done while the stream still runs
-    # Its whole wait, in Q1 included, stays within 2 beta times its service (1.9x
-    # at worst over every case drawn here): a promoted call takes its place in Q1
-    # by arrival instead of queueing again behind the stream, where it waited up
-    # to 10.9 beta times its service. (Not beta: a promotion resets only the
-    # call's own wait, and the program's finished calls count their Q1 time.)
-    assert record.wait <= 2 * beta * record.service
+    # The bound is relative once the stream has made a backlog (the short
+    # programs wait too): the long program's wait over its service stays within
+    # 2 times the worst short program's (1.6x at worst over every case of the
+    # grid drawn from here). Under a fixed beta its ratio stayed under 2 beta
+    # while the short programs it went ahead of waited up to 35 times their
+    # service (20 times with the backlog's bound; docs/scheduling.md).
+    worst_short = max(p.wait / p.service for name, p in result.programs.items() if name != "L")
+    assert record.wait <= 2 * worst_short * record.service
     starved = simulate([long, *shorts], policy_by_name("plas"), CONFIG.with_overrides(beta=math.inf), batch_size=2)
     assert starved.programs["L"].finish >= stream_end

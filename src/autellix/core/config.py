@@ -58,7 +58,8 @@ class SchedulerConfig:
     #: fits any number of queues, so boundaries alone may be changed.
     quanta: tuple[float, ...] = (math.inf,) * 11
     #: Promote a call to Q1 when (program wait + call wait) /
-    #: (program service + call model time) >= beta. ``inf`` disables it.
+    #: (program service + call model time) >= beta, and >= the backlog's own
+    #: ratio when that is higher (``mlq.backlog_ratio``). ``inf`` disables it.
     beta: float = 4.0
     #: Load balancer: ``autellix`` (Algorithm 2), ``least_used`` or ``round_robin``.
     balancer: str = "autellix"
