@@ -180,6 +180,49 @@ def test_every_command_refuses_a_bad_value_the_same_way(command: str, recorded: 
     assert result.output.startswith(f"error: {field}: expected"), result.output
 
 
+def test_bench_sweep_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autellix.bench.sweep as sweep
+
+    got: list[int] = []
+
+    def run_sweep(*args: Any, rounds: int, **kwargs: Any) -> None:
+        got.append(rounds)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    invoke: Callable[[list[str]], Any] = lambda args: CliRunner().invoke(app, ["bench", "sweep", *args])  # noqa: E731
+    assert "stop here" in invoke(["--rounds", "3"]).output
+    assert "stop here" in invoke([]).output
+    refused = invoke(["--rounds", "0"])
+    assert refused.exit_code == 2 and "--rounds" in refused.output
+    assert got == [3, 1]
+
+
+def test_bench_sweep_prints_the_paired_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    from autellix.cli.bench import echo_paired
+    from autellix.workloads.metrics import paired_rounds
+
+    def run(mean: float, p99: float) -> dict[str, dict[str, float]]:
+        return {"1.8": {"mean_token_latency": mean, "p99_token_latency": p99}}
+
+    rounds = [{"client-plas": run(0.010, 0.040), "autellix": run(0.008, 0.020)},
+              {"client-plas": run(0.020, 0.080), "autellix": run(0.022, 0.048)}]
+    echo_paired(paired_rounds(rounds, [1.8], "client-plas"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "at 1.8/s, 2 rounds: client-plas mean 14.14 (10.00-20.00) ms/token"
+    assert lines[1] == ("at 1.8/s, 2 rounds: autellix mean 13.27 (8.00-22.00) ms/token; against client-plas in "
+                        "the same round: mean 0.94x (0.80-1.10), P99 0.55x (0.50-0.60)")
+
+
+def test_a_sweep_refuses_bad_rounds_and_repeated_systems_before_starting_anything() -> None:
+    from autellix.bench.sweep import run_sweep
+
+    with pytest.raises(ValueError, match="rounds: expected at least 1"):
+        run_sweep("mixed", [1.0], programs=1, seed=1, systems=["vllm"], rounds=0)
+    with pytest.raises(ValueError, match="each at most once"):
+        run_sweep("mixed", [1.0], programs=1, seed=1, systems=["vllm", "autellix", "vllm"])
+
+
 def test_bench_sweep_applies_its_options_over_the_workloads_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     import autellix.bench.sweep as sweep
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autellix.workloads.metrics import loaded_comparison, sustained_rates
+from autellix.workloads.metrics import loaded_comparison, paired_rounds, sustained_rates
 
 
 def row(mean: float, p99: float | None = None) -> dict[str, float]:
@@ -44,6 +44,24 @@ def test_loaded_comparison_sets_autellix_against_every_baseline_that_ran() -> No
     assert "mean_vs_plas" not in rows[1]
     # client-plas crosses the bound of 3 between 3/s (1.4) and 4/s (4.0)
     assert sustained_rates(results, RATES)["ratios"]["autellix/client-plas"] == pytest.approx(4.0 / (3 + 1.6 / 2.6))
+
+
+def test_paired_rounds_compare_systems_within_each_round() -> None:
+    # the machine is twice as slow in round 2: every system's latency doubles, the ratios do not
+    rounds = [{"client-plas": {"2.0": row(10.0, 40.0)}, "autellix": {"2.0": row(8.0, 20.0)}},
+              {"client-plas": {"2.0": row(20.0, 80.0)}, "autellix": {"2.0": row(22.0, 48.0)}}]
+    paired = paired_rounds(rounds, [2.0], reference="client-plas")
+    assert paired["reference"] == "client-plas" and paired["rounds"] == 2
+    ours = paired["by_rate"]["2.0"]["autellix"]
+    assert ours["mean_vs_reference"]["rounds"] == pytest.approx([0.8, 1.1])
+    assert ours["mean_vs_reference"]["geomean"] == pytest.approx((0.8 * 1.1) ** 0.5)
+    assert (ours["mean_vs_reference"]["min"], ours["mean_vs_reference"]["max"]) == pytest.approx((0.8, 1.1))
+    assert ours["p99_vs_reference"]["rounds"] == pytest.approx([0.5, 0.6])
+    # each system's own spread from run to run: here the machine's, 2x
+    assert ours["mean"]["rounds"] == [8.0, 22.0] and ours["mean"]["geomean"] == pytest.approx((8.0 * 22.0) ** 0.5)
+    reference = paired["by_rate"]["2.0"]["client-plas"]
+    assert reference["mean"]["max"] / reference["mean"]["min"] == pytest.approx(2.0)
+    assert "mean_vs_reference" not in reference
 
 
 def test_the_sweep_offers_the_baselines_of_issue_15() -> None:

@@ -33,7 +33,7 @@ from autellix.engine.cores import CoreSplit, engine_cores_isolated
 from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
 from autellix.workloads import make_programs
-from autellix.workloads.metrics import loaded_comparison, summarize, sustained_rates
+from autellix.workloads.metrics import loaded_comparison, paired_rounds, summarize, sustained_rates
 from autellix.workloads.systems import SYSTEMS, System
 
 
@@ -102,14 +102,21 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path,
 def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | None, seed: int,
               systems: Sequence[str],
               calibration: str = "paper", log_dir: Path | None = None, stream: bool = False,
-              scheduler: SchedulerConfig | None = None, isolate_cores: bool = False,
+              scheduler: SchedulerConfig | None = None, isolate_cores: bool = False, rounds: int = 1,
               progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``systems`` over ``rates``; ``scheduler`` replaces the workload's
     scheduler settings (queue boundaries, beta) for the systems behind the gateway;
-    ``isolate_cores``: see ``local_stack``."""
+    ``isolate_cores``: see ``local_stack``. ``rounds`` > 1 runs every system that
+    many times, in turn (all systems, then all again), and adds each round's
+    results and the ratios within rounds (``paired_rounds``: against client-plas
+    when it ran, else the first system); ``results`` stays the first round's."""
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    if len(set(systems)) != len(systems):
+        raise ValueError(f"systems: each at most once, got {list(systems)}")
     if workload not in ENGINE_SETTINGS:
         raise ValueError(f"unknown workload {workload!r}; expected one of {', '.join(ENGINE_SETTINGS)}")
     settings = ENGINE_SETTINGS[workload]
@@ -117,8 +124,39 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
         settings = replace(settings, scheduler=scheduler)
     rates = list(rates or settings.rates)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="autellix-sweep-"))
-    results: dict[str, dict[str, Any]] = {}
+    per_round: list[dict[str, dict[str, Any]]] = []
     cores: dict[str, Any] = {}
+    for number in range(1, rounds + 1):
+        round_logs = log_dir
+        if rounds > 1:
+            progress(f"round {number} of {rounds}")
+            round_logs = log_dir / f"round-{number}"
+            round_logs.mkdir(exist_ok=True)
+        per_round.append(_run_round(workload, systems, rates, settings, programs=programs, seed=seed,
+                                    calibration=calibration, log_dir=round_logs, stream=stream,
+                                    isolate_cores=isolate_cores, cores=cores, progress=progress))
+    results = per_round[0]
+    report = {
+        "workload": workload, "calibration": calibration, "rates": list(rates), "seed": seed,
+        "programs": {str(r): programs or settings.programs_at(r) for r in rates},
+        "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)}, "stream": stream,
+        "scheduler": (settings.scheduler or SchedulerConfig()).to_mapping(), "cores": cores,
+        "results": results, "sustained": sustained_rates(results, rates),
+        "under_load": loaded_comparison(results, rates),
+    }
+    if rounds > 1:
+        reference = "client-plas" if "client-plas" in systems else systems[0]
+        report["rounds"] = per_round
+        report["paired"] = paired_rounds(per_round, rates, reference)
+    return report
+
+
+def _run_round(workload: str, systems: Sequence[str], rates: Sequence[float], settings: EngineSettings, *,
+               programs: int | None, seed: int, calibration: str, log_dir: Path, stream: bool,
+               isolate_cores: bool, cores: dict[str, Any],
+               progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Every system once, each on a fresh stack, over every rate."""
+    results: dict[str, dict[str, Any]] = {}
     for name in systems:
         system = SYSTEMS[name]
         progress(f"{name}: starting a fresh stack (logs {log_dir})")
@@ -141,14 +179,7 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
                 progress(f"{name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "
                          f"p99 {summary['p99_token_latency']:.4f} s, {summary['completed']}/{count} done "
                          f"in {time.monotonic() - started:.0f} s")
-    return {
-        "workload": workload, "calibration": calibration, "rates": list(rates), "seed": seed,
-        "programs": {str(r): programs or settings.programs_at(r) for r in rates},
-        "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)}, "stream": stream,
-        "scheduler": (settings.scheduler or SchedulerConfig()).to_mapping(), "cores": cores,
-        "results": results, "sustained": sustained_rates(results, rates),
-        "under_load": loaded_comparison(results, rates),
-    }
+    return results
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:

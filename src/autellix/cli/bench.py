@@ -4,7 +4,7 @@ every system on a fresh local stack; ``cluster``: emulated engines behind the ga
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -87,6 +87,9 @@ def bench_sweep(
     isolate_cores: Annotated[bool, typer.Option(
         help="Keep the model worker's cores to it: the engine's servers, the gateway and the client run on the "
              "others (docs/benchmarks.md)")] = False,
+    rounds: Annotated[int, typer.Option(
+        min=1, help="Run every system this many times, in turn, and report each system against client-plas "
+                    "(else the first system) within each round: ratios with their spread")] = 1,
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
     from autellix.bench.sweep import ENGINE_SETTINGS, run_sweep, write_report
@@ -104,7 +107,7 @@ def bench_sweep(
         with exit_on_sigterm():  # a stopped sweep stops its engines too
             report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration,
                                stream=stream, scheduler=scheduler, isolate_cores=isolate_cores,
-                               systems=comma_list(systems), progress=progress)
+                               systems=comma_list(systems), rounds=rounds, progress=progress)
     except ValueError as exc:
         raise fail(str(exc)) from None
     for path in write_report(report, out):
@@ -119,6 +122,28 @@ def bench_sweep(
                    f"token latency {row['latency_cut_vs_vllm']:.2f}x; its P99 is "
                    f"{row.get('p99_vs_vllm_opt', float('nan')):.2f}x vllm-opt's" + "".join(
                        f"; mean {row[k]:.2f}x {k[8:].replace('_', '-')}'s" for k in row if k.startswith("mean_vs_")))
+    if "paired" in report:
+        echo_paired(report["paired"])
+
+
+def echo_paired(paired: dict[str, Any]) -> None:
+    """Each system against the reference within rounds: geometric mean and range."""
+    reference = paired["reference"]
+    for rate, systems in paired["by_rate"].items():
+        for name, entry in systems.items():
+            line = f"at {rate}/s, {paired['rounds']} rounds: {name} mean {_ms(entry['mean'])} ms/token"
+            if "mean_vs_reference" in entry:
+                line += (f"; against {reference} in the same round: mean {_ratio(entry['mean_vs_reference'])}, "
+                         f"P99 {_ratio(entry['p99_vs_reference'])}")
+            typer.echo(line)
+
+
+def _ms(spread: dict[str, Any]) -> str:
+    return f"{spread['geomean'] * 1e3:.2f} ({spread['min'] * 1e3:.2f}-{spread['max'] * 1e3:.2f})"
+
+
+def _ratio(spread: dict[str, Any]) -> str:
+    return f"{spread['geomean']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f})"
 
 
 cluster_app = typer.Typer(help="Many emulated engines behind the real gateway (autellix emulate).")

@@ -68,6 +68,10 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 #: refuses the request before any route runs and ``GatewayRunner`` answers 431 ``header_too_large``,
 #: both in the OpenAI shape.
 SERVER_LIMITS: dict[str, int] = {"max_line_size": 65_536, "max_field_size": 65_536}
+#: Idle connections to engines are closed after this many seconds, before the engine closes them
+#: (vLLM's API server, uvicorn: 5 s, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``): a call sent on a connection
+#: the engine is closing is dropped unread (``gateway.upstream.open_upstream`` sends it once more).
+ENGINE_KEEPALIVE_S = 4.0
 #: Prompts up to this many characters are tokenised inline (well under a millisecond); longer ones on a thread.
 INLINE_TOKENIZE_CHARS = 16_384
 
@@ -189,7 +193,7 @@ class Gateway:
 
     # ---- life cycle ----------------------------------------------------------
     async def start(self, _app: web.Application | None = None) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=ENGINE_KEEPALIVE_S)
         # every request to an engine (calls, probes, feedback) carries the engine token: engines trust only us
         engine_headers = {ENGINE_TOKEN_HEADER: self.engine_token} if self.engine_token else None
         self.http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None,

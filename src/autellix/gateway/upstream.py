@@ -76,22 +76,38 @@ async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, A
     sends none in that time accepted the call and hung: the call has not
     started for the client and may move to another engine. (A whole call's
     headers come with its last token, so it gets no such bound.) ``timeout``: the
-    attempt's connect, read (idle between chunks) and total bounds."""
-    try:
-        post = http.post(url, data=orjson.dumps(body), headers=headers,
-                         **({"timeout": timeout} if timeout is not None else {}))
-        return await asyncio.wait_for(post, header_timeout)
-    except aiohttp.ConnectionTimeoutError as exc:  # nothing was sent: another engine may take it
-        raise EngineUnreachable(repr(exc), "connect") from exc
-    except TimeoutError as exc:
-        if header_timeout is not None:
-            raise EngineHung(f"no response headers within {header_timeout:g} s") from exc
-        # a whole call the engine took and did not answer in time: it may have run, never twice
-        raise EngineFailure("timeout", repr(exc), retryable=False) from exc
-    except aiohttp.ServerDisconnectedError as exc:
-        raise EngineUnreachable(repr(exc), "disconnected") from exc
-    except aiohttp.ClientConnectionError as exc:
-        raise EngineUnreachable(repr(exc), "connect") from exc
+    attempt's connect, read (idle between chunks) and total bounds.
+
+    A call dropped before any answer is sent once more: an engine closes idle
+    keep-alive connections (uvicorn after 5 s), and a call sent on one as it
+    closes is dropped unread. That is not the engine failing; counted as one, it
+    took a healthy engine out of the pool (with one engine, calls failed with
+    503 until its next health check). aiohttp does this itself only for
+    idempotent methods, not for a POST. The second try goes out on a new
+    connection or a live one (aiohttp drops the closed one), and a second drop
+    is the engine's: ``disconnected``. Telling a kept-alive connection from a
+    new one would spare a broken engine the second try, but takes aiohttp's
+    request tracing on every call (docs/gateway.md, "Failures", says what it
+    cost)."""
+    data = orjson.dumps(body)
+    for redial in (True, False):
+        try:
+            post = http.post(url, data=data, headers=headers, **({"timeout": timeout} if timeout is not None else {}))
+            return await asyncio.wait_for(post, header_timeout)
+        except aiohttp.ConnectionTimeoutError as exc:  # nothing was sent: another engine may take it
+            raise EngineUnreachable(repr(exc), "connect") from exc
+        except TimeoutError as exc:
+            if header_timeout is not None:
+                raise EngineHung(f"no response headers within {header_timeout:g} s") from exc
+            # a whole call the engine took and did not answer in time: it may have run, never twice
+            raise EngineFailure("timeout", repr(exc), retryable=False) from exc
+        except aiohttp.ServerDisconnectedError as exc:
+            if redial:
+                continue
+            raise EngineUnreachable(repr(exc), "disconnected") from exc
+        except aiohttp.ClientConnectionError as exc:
+            raise EngineUnreachable(repr(exc), "connect") from exc
+    raise AssertionError("unreachable: the second try returns or raises")
 
 
 def _copy_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,3 +171,34 @@ def loaded_comparison(results: dict[str, dict[str, Any]], rates: Sequence[float]
                                                            / results[other][key]["mean_token_latency"])
         rows.append(row)
     return rows
+
+
+def paired_rounds(rounds: Sequence[dict[str, dict[str, Any]]], rates: Sequence[float],
+                  reference: str) -> dict[str, Any]:
+    """Systems run in rounds, each once a round in turn (``bench sweep --rounds``):
+    runs minutes apart share the machine's hour, so a system's mean and P99
+    token latency over ``reference``'s *in the same round* is the comparison a
+    shared machine can make. Per rate and system: each round's ratios, their
+    geometric mean and range, and the system's own latencies (the spread from
+    run to run, which a single pair cannot show)."""
+    by_rate: dict[str, Any] = {}
+    for rate in rates:
+        key = str(rate)
+        systems: dict[str, Any] = {}
+        for name in rounds[0]:
+            entry: dict[str, Any] = {}
+            for metric, label in (("mean_token_latency", "mean"), ("p99_token_latency", "p99")):
+                own = [r[name][key][metric] for r in rounds]
+                entry[label] = _spread(own)
+                if name != reference:
+                    entry[f"{label}_vs_reference"] = _spread(
+                        [r[name][key][metric] / r[reference][key][metric] for r in rounds])
+            systems[name] = entry
+        by_rate[key] = systems
+    return {"reference": reference, "rounds": len(rounds), "by_rate": by_rate}
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    positive = all(v > 0 for v in values)
+    return {"rounds": values, "geomean": statistics.geometric_mean(values) if positive else math.nan,
+            "min": min(values), "max": max(values)}
