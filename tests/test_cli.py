@@ -30,10 +30,10 @@ needs_data = pytest.mark.skipif(not workloads_available(), reason="workload data
 EXPOSED = {
     "autellix gateway": {"policy", "beta", "balancer"},
     "autellix up": {"policy"},
-    "autellix engine": {"policy", "beta", "quanta", "boundaries", "multi_step"},
+    "autellix engine": {"policy", "beta", "quanta", "boundaries", "multi_step", "max_preemptions"},
     "autellix emulate": {"policy"},
-    "autellix sim": {"boundaries", "quanta", "beta", "balancer"},
-    "autellix bench sweep": {"beta", "quanta", "boundaries"},
+    "autellix sim": {"boundaries", "quanta", "beta", "balancer", "max_preemptions"},
+    "autellix bench sweep": {"beta", "quanta", "boundaries", "max_preemptions"},
 }
 
 
@@ -51,7 +51,7 @@ def test_every_scheduler_field_has_its_option_text_and_type() -> None:
     # lists (queue boundaries, quanta) as comma-separated text, which SchedulerConfig parses
     assert {name: option_type(name) for name in FIELDS} == {
         "policy": str, "boundaries": str, "quanta": str, "beta": float, "balancer": str, "long_prompt_tokens": int,
-        "program_idle_ttl": float, "multi_step": int}
+        "program_idle_ttl": float, "multi_step": int, "max_preemptions": int}
     assert option_help("beta") == "Anti-starvation ratio, inf disables (default: $AUTELLIX_BETA)"
 
 
@@ -158,8 +158,9 @@ def test_every_command_applies_its_options_over_the_environment_alike(
     monkeypatch.setenv("AUTELLIX_BETA", "6")
     monkeypatch.setenv("AUTELLIX_POLICY", "mlfq")
     exposed = EXPOSED[f"autellix {command}"]
+    monkeypatch.setenv("AUTELLIX_MAX_PREEMPTIONS", "5")
     values = {"policy": "plas", "beta": 2.5, "quanta": "8,16,32,inf", "boundaries": "0.5,1,2", "multi_step": 3,
-              "balancer": "round_robin"}
+              "balancer": "round_robin", "max_preemptions": 0}
     given = {k: v for k, v in values.items() if k in exposed}
     args = [part for k, v in given.items() for part in (f"--{k.replace('_', '-')}", str(v))]
     run(FROM_ENV[command] + args)

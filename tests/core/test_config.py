@@ -25,6 +25,7 @@ def test_defaults_are_consistent():
         ({"balancer": "random"}, "balancer"),
         ({"multi_step": 0}, "multi_step"),
         ({"boundaries": "1,x", "quanta": (1, 1, 1)}, "list of numbers"),
+        ({"max_preemptions": -1}, "max_preemptions: expected >= 0"),
     ],
 )
 def test_rejects_bad_values_with_the_parameter_named(changes, message):
@@ -45,7 +46,8 @@ def test_unknown_keys_are_errors():
 
 
 def test_env_round_trip():
-    config = SchedulerConfig(policy="plas", boundaries=(1, 2), quanta=(8, 16, 32), beta=2.5, multi_step=4)
+    config = SchedulerConfig(policy="plas", boundaries=(1, 2), quanta=(8, 16, 32), beta=2.5, multi_step=4,
+                             max_preemptions=0)
     env = config.to_env()
     assert env["AUTELLIX_QUANTA"] == "8.0,16.0,32.0"
     assert SchedulerConfig.from_env(env) == config

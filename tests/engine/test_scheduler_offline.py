@@ -80,6 +80,18 @@ def test_a_fresh_call_preempts_a_heavy_programs_running_call(env) -> None:
     assert len(run.s.planner) == 0 and not run.s.requests
 
 
+def test_with_no_preemption_budget_the_fresh_call_waits(env) -> None:
+    env.setenv("AUTELLIX_MAX_PREEMPTIONS", "0")
+    run = Run(build_scheduler(AutellixScheduler, max_num_seqs=2))
+    run.add("p0", 8, 40, xargs("P", service=5.0))
+    run.add("p1", 8, 40, xargs("P", service=5.0))
+    run.step()
+    run.add("q", 8, 20, xargs("Q"))
+    assert "q" not in run.step()
+    run.until("q")
+    assert run.preempted == [] and run.finished["q"] > run.finished["p0"]
+
+
 def test_stock_vllm_makes_the_fresh_call_wait() -> None:
     run = Run(build_scheduler(Scheduler, max_num_seqs=2))
     for rid in ("p0", "p1"):

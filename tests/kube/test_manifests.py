@@ -305,7 +305,10 @@ def test_job_outcome(status: dict[str, Any], outcome: str | None) -> None:
     ({"model": {"name": "m", "source": {"path": "/a"}}, "scheduler": {"policy": "sjf"}},
      "spec.scheduler.policy: expected one of atlas, plas, mlfq, fcfs, got 'sjf'"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "scheduler": {"balancer": "autellix"}},
-     "spec.scheduler: unknown parameter(s) balancer; expected policy, boundaries, quanta, beta, multi_step"),
+     "spec.scheduler: unknown parameter(s) balancer; expected policy, boundaries, quanta, beta, multi_step, "
+     "max_preemptions"),
+    ({"model": {"name": "m", "source": {"path": "/a"}}, "scheduler": {"max_preemptions": "many"}},
+     "spec.scheduler.max_preemptions: expected a number, got 'many'"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}},
      "spec.autoscaling.minReplicas/maxReplicas: expected 1 <= minReplicas <= maxReplicas <= 64, got 3 and 2"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "vllmArgs": ["--x", 1]},

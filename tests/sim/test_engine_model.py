@@ -149,6 +149,25 @@ def test_autellix_preempts_a_running_call_when_a_better_ranked_one_waits() -> No
     assert finish_order(engine) == ["short", "long"]
 
 
+def test_max_preemptions_bounds_the_planners_preemptions() -> None:
+    from autellix.core import SchedulerConfig
+
+    def preempted(config: SchedulerConfig) -> list[str]:
+        engine = EngineModel(profile(max_num_seqs=2), scheduler="autellix", config=config)
+        for i in range(2):
+            engine.add(SimRequest(f"long{i}", tokens(i, 20, i), 200, program_id="old", service=30.0), 0.0)
+        now = 0.0
+        for _ in range(5):
+            now += engine.step(now).seconds
+        for i in range(2):
+            engine.add(SimRequest(f"short{i}", tokens(5 + i, 20, 5 + i), 5, program_id=f"new{i}"), now)
+        return engine.step(now).preempted
+
+    assert len(preempted(SchedulerConfig())) == 2  # the default budget: both fresh calls run at once
+    assert preempted(SchedulerConfig(max_preemptions=1)) == ["long1"]  # the worse-ranked of the two
+    assert preempted(SchedulerConfig(max_preemptions=0)) == []
+
+
 def test_mlfq_and_fcfs_do_not_preempt_for_rank() -> None:
     for scheduler in ("fcfs", "mlfq"):
         engine = EngineModel(profile(max_num_seqs=1), scheduler=scheduler)

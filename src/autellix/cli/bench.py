@@ -69,7 +69,7 @@ def bench(
 
 
 @app.command("sweep")
-@scheduler_options("beta", "quanta", "boundaries", defaults="the workload's, bench/sweep.py")
+@scheduler_options("beta", "quanta", "boundaries", "max_preemptions", defaults="the workload's, bench/sweep.py")
 def bench_sweep(
     workload: Annotated[str, typer.Option(help=one_of(WORKLOADS))] = "bfcl",
     rates: Annotated[str | None, typer.Option(

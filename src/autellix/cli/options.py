@@ -37,9 +37,10 @@ HELP: dict[str, str] = {
     "long_prompt_tokens": "Calls with more prompt tokens than this stick to their program's engine",
     "program_idle_ttl": "Seconds without a call after which a program is dropped",
     "multi_step": "Re-plan the queues every N steps",
+    "max_preemptions": "Engine: running calls preempted per step for better-ranked waiting ones (0: never)",
 }
 #: Lower bounds the option checks itself (SchedulerConfig checks the rest).
-MIN: dict[str, int] = {"multi_step": 1}
+MIN: dict[str, int] = {"multi_step": 1, "max_preemptions": 0}
 #: Where a value not given comes from for the commands that start from ``SchedulerConfig.from_env()``.
 FROM_ENV = "$AUTELLIX_{NAME}"
 

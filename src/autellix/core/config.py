@@ -69,6 +69,10 @@ class SchedulerConfig:
     program_idle_ttl: float = 600.0
     #: Engine plugin: re-plan the queues every N steps (1 = every step).
     multi_step: int = 1
+    #: Engine plugin: running calls it may preempt per planning step so that
+    #: better-ranked waiting calls run (0: never; vLLM still preempts when KV
+    #: blocks run out). ``core.preemption.PreemptionRule`` says which ones.
+    max_preemptions: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "boundaries", _floats(self.boundaries, "boundaries"))
@@ -97,6 +101,8 @@ class SchedulerConfig:
             raise ConfigError(f"program_idle_ttl: expected > 0 seconds, got {self.program_idle_ttl}")
         if self.multi_step < 1:
             raise ConfigError(f"multi_step: expected >= 1, got {self.multi_step}")
+        if self.max_preemptions < 0:
+            raise ConfigError(f"max_preemptions: expected >= 0, got {self.max_preemptions}")
 
     @property
     def num_queues(self) -> int:
@@ -140,7 +146,7 @@ class SchedulerConfig:
         return out
 
 
-_INTS = {"long_prompt_tokens", "multi_step"}
+_INTS = {"long_prompt_tokens", "multi_step", "max_preemptions"}
 _FLOATS = {"beta", "program_idle_ttl"}
 
 

@@ -53,7 +53,8 @@ CACHE_HOLDS_BELOW_USAGE = 0.9
 class PreemptionRule:
     """When the planner may preempt a running call for a waiting one."""
 
-    #: Running calls preempted per planning step at most (0: never).
+    #: Running calls preempted per planning step at most (0: never); engines
+    #: take it from ``SchedulerConfig.max_preemptions``.
     max_victims: int = 2
     #: KV tokens the victims of one planning step may lose in total (recomputed later).
     max_lost_tokens: int = 8192

@@ -87,7 +87,7 @@ class CallPlanner:
         self._left = 0
         self._last_sweep = -float("inf")
         self.sweep_interval = SWEEP_INTERVAL_S
-        self.preemption_rule = PreemptionRule()
+        self.preemption_rule = PreemptionRule(max_victims=config.max_preemptions)
         self.turnover = SlotTurnover()
 
     def __len__(self) -> int:
