@@ -1,0 +1,62 @@
+"""The helpers of the issue-15 scripts in bench/ (the scripts themselves need the real engine or minutes)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from autellix.bench.sweep import ENGINE_SETTINGS
+from autellix.sim.engine_model import EngineProfile
+from autellix.sim.serving import simulate_programs
+from autellix.workloads import make_programs
+from autellix.workloads.data import workloads_available
+from autellix.workloads.systems import SYSTEMS
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+needs_data = pytest.mark.skipif(not workloads_available(), reason="workload data not found")
+
+
+def script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_check_reads_the_sweeps_token_budget() -> None:
+    check = script("cpu_profile_check")
+    assert check.batched_tokens(ENGINE_SETTINGS["mixed"].args) == 2048
+    assert check.batched_tokens(()) is None
+    results = {("w", 1.0, 0, "autellix"): {"m": 2.0}, ("w", 1.0, 0, "x"): {"m": 4.0},
+               ("w", 1.0, 1, "autellix"): {"m": 1.0}, ("w", 1.0, 1, "x"): {"m": 4.0}}
+    assert check.ratios(results, "w", 1.0, range(2), "m", "x") == [0.5, 0.25]
+    assert check.geomean([0.5, 2.0]) == pytest.approx(1.0)
+
+
+def test_a_budget_is_autellix_under_another_name() -> None:
+    name = script("preemption_budget").budget_system(0)
+    try:
+        assert name == "autellix-p0"
+        assert SYSTEMS[name].engine_scheduler == SYSTEMS["autellix"].engine_scheduler
+        assert SYSTEMS[name].policy == SYSTEMS["autellix"].policy
+    finally:
+        SYSTEMS.pop(name, None)
+
+
+@needs_data
+def test_kinds_split_a_runs_programs_and_calls() -> None:
+    fidelity = script("fidelity_by_kind")
+    profile = EngineProfile.load("cpu-tiny").with_overrides(max_num_seqs=8)
+    run = simulate_programs(make_programs("mixed", 8, seed=1), profile=profile, system="autellix", rate=2.0,
+                            seed=1).result
+    kinds = fidelity.by_kind(run)
+    assert set(kinds) == {p.workload for p in run.programs} and len(kinds) > 1
+    assert sum(k["programs"] for k in kinds.values()) == len(run.programs)
+    assert sum(k["calls"] for k in kinds.values()) == len(run.calls)
+    for kind in kinds.values():
+        assert kind["call_latency_s"] == pytest.approx(kind["queue_s"] + kind["in_engine_s"])
+        assert kind["prompt_tokens"] > 0 and kind["token_latency_ms"] > 0
