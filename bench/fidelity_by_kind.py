@@ -30,6 +30,7 @@ import autellix.bench.sweep as sweep
 from autellix.bench.runner import run_programs
 from autellix.core import SchedulerConfig
 from autellix.engine.launch import SERVED_MODEL
+from autellix.engine.tiny_model import REPLY_TOKEN_IDS
 from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import simulate_programs
 from autellix.workloads import make_programs
@@ -51,6 +52,9 @@ def by_kind(result: RunResult) -> dict[str, dict[str, float]]:
             "token_latency_ms": 1e3 * statistics.mean(p.token_latency for p in programs),
             "call_latency_s": statistics.mean(latency), "queue_s": statistics.mean(queue),
             "in_engine_s": statistics.mean(latency) - statistics.mean(queue),
+            # latency outside vLLM's engine core: client, gateway, API server (0 when simulated)
+            "transport_s": statistics.mean(c.finished - c.submitted - (c.engine_s or 0.0) for c in calls)
+            if all(c.engine_s is not None for c in calls) else 0.0,
             "prompt_tokens": statistics.mean(c.prompt_tokens for c in calls),
             "output_tokens": statistics.mean(c.completion_tokens for c in calls),
         }
@@ -63,7 +67,8 @@ def real_run(workload: str, rate: float, seed: int, system: str) -> RunResult:
                            isolate_cores=True) as (target, engine, _split):
         programs = make_programs(workload, settings.programs_at(rate), seed=seed)
         return asyncio.run(run_programs(target, programs, rate=rate, seed=seed, model=SERVED_MODEL, engines=[engine],
-                                        stream=False, client_priority=SYSTEMS[system].client_priority))
+                                        stream=False, client_priority=SYSTEMS[system].client_priority,
+                                        reply_tokens=REPLY_TOKEN_IDS))
 
 
 def simulated_run(workload: str, rate: float, seed: int, system: str) -> RunResult:
@@ -86,7 +91,8 @@ def compare(workload: str, rate: float, seed: int, systems: Sequence[str]) -> di
 
 def print_report(report: dict[str, Any]) -> None:
     fields = (("token_latency_ms", "program ms/token", 1), ("call_latency_s", "call s", 2), ("queue_s", "queue s", 2),
-              ("in_engine_s", "in engine s", 3), ("prompt_tokens", "prompt", 0), ("output_tokens", "output", 0))
+              ("in_engine_s", "in engine s", 3), ("transport_s", "transport s", 3), ("prompt_tokens", "prompt", 0),
+              ("output_tokens", "output", 0))
     for system, runs in report["systems"].items():
         print(f"{system} (real / simulated)")
         for kind, real in runs["real"].items():

@@ -33,7 +33,7 @@ from autellix.bench.runner import run_programs
 from autellix.bench.sweep import ENGINE_SETTINGS
 from autellix.child_processes import free_port, free_ports, gateway_process
 from autellix.engine.launch import SERVED_MODEL, start_engine, stop_engine, wait_ready
-from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+from autellix.engine.tiny_model import REPLY_TOKEN_IDS, build_tiny_model, default_model_dir
 from autellix.mesh.local import LocalMesh, LocalRedis
 from autellix.mesh.resources import MeshSettings
 from autellix.workloads import make_programs
@@ -43,7 +43,7 @@ from autellix.workloads.metrics import summarize
 def run_once(target: str, engines: list[str], args: argparse.Namespace, seed: int) -> dict[str, Any]:
     programs = make_programs(args.workload, args.programs, seed=seed)
     run = asyncio.run(run_programs(target, programs, rate=args.rate, seed=seed, model=SERVED_MODEL,
-                                   engines=engines, stream=False))
+                                   engines=engines, stream=False, reply_tokens=REPLY_TOKEN_IDS))
     summary = summarize(run)
     return {k: summary[k] for k in ("completed", "failed", "errors", "calls", "mean_token_latency",
                                     "p99_token_latency", "programs_per_s")}

@@ -31,18 +31,25 @@ class HttpLLM:
     """The ``LLM`` one program talks to: streaming chat calls, simulated tools.
 
     ``client_priority``: send ``client_priority(tokens generated so far)`` as
-    each call's vLLM ``priority`` (the ``client-plas`` baseline)."""
+    each call's vLLM ``priority`` (the ``client-plas`` baseline).
+    ``reply_tokens``: the token ids the engine may generate (vLLM's
+    ``allowed_token_ids``), so that replies re-tokenize to what was generated
+    (``autellix.engine.tiny_model.REPLY_TOKEN_IDS``); None: any."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, stat: ProgramStat, calls: list[CallStat],
-                 session: str | None, *, stream: bool = True, client_priority: bool = False) -> None:
+                 session: str | None, *, stream: bool = True, client_priority: bool = False,
+                 reply_tokens: Sequence[int] | None = None) -> None:
         self._client, self._model, self._stat, self._calls = client, model, stat, calls
         self._session = session
         self._stream = stream
         self._client_priority = client_priority
+        self._reply_tokens = list(reply_tokens) if reply_tokens is not None else None
         self._inflight = 0
 
     def _extra_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"ignore_eos": True}
+        if self._reply_tokens is not None:
+            body["allowed_token_ids"] = self._reply_tokens
         if self._client_priority:
             body["priority"] = client_priority(self._stat.tokens)
         return body
@@ -107,6 +114,9 @@ def _read_usage(call: CallStat, usage: Any, extra: dict[str, Any] | None) -> dic
     metrics = (extra or {}).get("metrics") or {}
     if isinstance(metrics.get("queue_time_ms"), int | float):
         call.queue_s = metrics["queue_time_ms"] / 1e3
+    parts = [metrics.get(k) for k in ("queue_time_ms", "time_to_first_token_ms", "generation_time_ms")]
+    if all(isinstance(v, int | float) for v in parts):
+        call.engine_s = sum(parts) / 1e3  # type: ignore[arg-type]
     return metrics
 
 
@@ -142,11 +152,12 @@ async def engine_counters(engines: Sequence[str]) -> dict[str, float]:
 
 async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
                        engines: Sequence[str] = (), sessions: bool | None = None, stream: bool = True,
-                       client_priority: bool = False,
+                       client_priority: bool = False, reply_tokens: Sequence[int] | None = None,
                        on_done: Callable[[ProgramStat], None] | None = None, api_key: str = "none") -> RunResult:
     """Start each program at its Poisson arrival time; wait for all to finish.
     ``client_priority``: each program sends its own bucketed token count as the
-    calls' vLLM priority (``client-plas``; the engine must schedule by priority)."""
+    calls' vLLM priority (``client-plas``; the engine must schedule by priority).
+    ``reply_tokens``: the token ids replies may use (``HttpLLM``)."""
     base = target.rstrip("/")
     if sessions is None:
         sessions = await uses_sessions(base)
@@ -165,7 +176,7 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
             if sessions:
                 session = (await client.post("/sessions", cast_to=object))["id"]  # type: ignore[index]
             await program.run(HttpLLM(client, model, stat, calls, session, stream=stream,
-                                      client_priority=client_priority))
+                                      client_priority=client_priority, reply_tokens=reply_tokens))
         except Exception as exc:  # recorded, not raised: one failed program must not stop the run
             stat.error = f"{type(exc).__name__}: {exc}"
         finally:

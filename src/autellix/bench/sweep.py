@@ -31,7 +31,7 @@ from autellix.child_processes import free_port, gateway_process
 from autellix.core import SchedulerConfig
 from autellix.engine.cores import CoreSplit, engine_cores_isolated
 from autellix.engine.launch import SERVED_MODEL, EngineProcess, start_engine, stop_engine, wait_ready
-from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+from autellix.engine.tiny_model import REPLY_TOKEN_IDS, build_tiny_model, default_model_dir
 from autellix.workloads import make_programs
 from autellix.workloads.metrics import loaded_comparison, paired_rounds, summarize, sustained_rates
 from autellix.workloads.systems import SYSTEMS, System
@@ -173,7 +173,8 @@ def _run_round(workload: str, systems: Sequence[str], rates: Sequence[float], se
                 started = time.monotonic()
                 run = asyncio.run(run_programs(target, batch, rate=rate, seed=seed + i, model=SERVED_MODEL,
                                                engines=[engine], stream=stream,
-                                               client_priority=system.client_priority))
+                                               client_priority=system.client_priority,
+                                               reply_tokens=REPLY_TOKEN_IDS))
                 summary = summarize(run)
                 results[name][str(rate)] = summary
                 progress(f"{name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "

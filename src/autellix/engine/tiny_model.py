@@ -48,6 +48,14 @@ CHAT_TEMPLATE = (
 
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
+#: The token ids a benchmark lets the tiny model generate: printable ASCII.
+#: With dummy weights the model samples any byte, and the bytes that are not
+#: valid UTF-8 decode to replacement characters (3 bytes each), so a program
+#: that re-sends its replies would grow histories 1.7x faster than it generated
+#: tokens, and miss the prefix cache on them. A real model's reply re-tokenizes
+#: to the tokens it generated; printable ASCII does too (token id == byte).
+REPLY_TOKEN_IDS: tuple[int, ...] = tuple(range(32, 127))
+
 
 def default_model_dir() -> pathlib.Path:
     """Cache location of the tiny model (``$AUTELLIX_CACHE/tiny-llama``)."""

@@ -38,6 +38,9 @@ class CallStat:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     queue_s: float | None = None  # vLLM's queue time, when the engine reports it
+    #: vLLM's time from queued to the last token (queue, first token, generation), when
+    #: reported: the call's latency less this is transport (client, gateway, API server).
+    engine_s: float | None = None
 
 
 @dataclass
