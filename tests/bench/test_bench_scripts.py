@@ -60,3 +60,7 @@ def test_kinds_split_a_runs_programs_and_calls() -> None:
     for kind in kinds.values():
         assert kind["call_latency_s"] == pytest.approx(kind["queue_s"] + kind["in_engine_s"])
         assert kind["prompt_tokens"] > 0 and kind["token_latency_ms"] > 0
+        assert kind["transport_s"] == 0.0  # simulated calls have no transport
+    for call in run.calls:  # as the runner records vLLM's own timings: 10 ms spent outside the engine
+        call.engine_s = call.finished - call.submitted - 0.01
+    assert all(k["transport_s"] == pytest.approx(0.01) for k in fidelity.by_kind(run).values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 
 from autellix.bench.runner import run_programs
@@ -27,10 +28,11 @@ def _chat(replies: list[str]) -> AgentProgram:
 
 def test_replies_limited_to_ascii_re_tokenize_to_what_was_generated(
         engine_cache: Callable[..., EngineProcess]) -> None:
-    # the gateway's routing tests share this engine (the same settings start it once)
+    # the gateway's routing tests share this engine (the same settings start it once);
+    # a bare engine: the runner finds no gateway and sends no sessions
     engine = engine_cache(scheduler="vllm-priority", max_num_seqs=1)
     replies: list[str] = []
-    run = asyncio.run(run_programs(engine.url, [_chat(replies)], rate=10.0, seed=1, model=MODEL, sessions=False,
+    run = asyncio.run(run_programs(engine.url, [_chat(replies)], rate=10.0, seed=1, model=MODEL,
                                    stream=False, reply_tokens=REPLY_TOKEN_IDS))
     assert not run.programs[0].error, run.programs[0].error
     calls = sorted(run.calls, key=lambda c: c.submitted)
@@ -39,7 +41,7 @@ def test_replies_limited_to_ascii_re_tokenize_to_what_was_generated(
     assert all(len(r) == 48 and all(32 <= ord(ch) < 127 for ch in r) for r in replies)
     # so each turn's prompt grows by exactly the reply, the follow-up and their template tokens
     follow_up = len("follow-up 0 " * 5)
-    growth = [b.prompt_tokens - a.prompt_tokens for a, b in zip(calls, calls[1:], strict=False)]
+    growth = [b.prompt_tokens - a.prompt_tokens for a, b in itertools.pairwise(calls)]
     assert growth[0] == growth[1] and 48 + follow_up < growth[0] < 48 + follow_up + 40
     for call in calls:  # vLLM's own timings, from queued to last token, inside the client's latency
         assert call.engine_s is not None and call.queue_s is not None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autellix.bench.sweep import ENGINE_SETTINGS, SYSTEMS, run_sweep, write_report
+from autellix.bench.sweep import ENGINE_SETTINGS, SYSTEMS, engine_args, run_sweep, write_report
 from autellix.workloads.data import ENV_VAR, workloads_available
 from tests.live import TEST_ENGINE_ARGS
 
@@ -32,28 +32,37 @@ def test_each_system_gets_the_workloads_scheduler_settings_with_its_own_policy()
     assert light.scheduler is None and light.config_for(SYSTEMS["autellix"]).beta == 4.0
 
 
+def test_only_the_bare_baseline_runs_without_prefix_caching() -> None:
+    settings = ENGINE_SETTINGS["mixed"]
+    for name, system in SYSTEMS.items():
+        args = engine_args(system, settings)
+        assert args[: len(settings.args)] == list(settings.args)
+        assert ("--no-enable-prefix-caching" in args) == (name == "vllm"), name
+
+
 @pytest.mark.skipif(not workloads_available(), reason=f"no workload data (set {ENV_VAR})")
-def test_a_two_rate_sweep_runs_programs_on_both_systems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_two_rate_sweep_runs_programs_through_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole path of the system with the most parts (a fresh engine with the
+    plugin, a gateway, cores split, the report and plots). One system: each fresh
+    stack costs most of a minute on CI's 2 cores, and the bare engine's path (no
+    sessions) is run by tests/bench/test_runner_on_engine.py."""
     # the workload's own settings, with the test engines' flags (eager: torch.compile costs each start ~12 s)
     mixed = ENGINE_SETTINGS["mixed"]
     monkeypatch.setitem(ENGINE_SETTINGS, "mixed", replace(mixed, args=(*mixed.args, *TEST_ENGINE_ARGS)))
     cores = os.sched_getaffinity(0)
-    report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["vllm", "autellix"], isolate_cores=True,
+    report = run_sweep("mixed", [0.5, 2.0], programs=3, seed=3, systems=["autellix"], isolate_cores=True,
                        log_dir=tmp_path / "logs", progress=lambda _: None)
-    for system in ("vllm", "autellix"):
-        for rate in ("0.5", "2.0"):
-            row = report["results"][system][rate]
-            assert row["completed"] == 3 and row["failed"] == 0, row["errors"]
-            assert row["calls"] > 20 and row["mean_token_latency"] > 0
-            assert row["max_parallel_calls"] >= 5  # one of the three is a LATS program
-    # the baseline runs with prefix caching off, Autellix with it on
-    assert not report["results"]["vllm"]["2.0"]["prefix_cache_hit_rate"]
-    assert report["results"]["autellix"]["2.0"]["prefix_cache_hit_rate"] > 0.2
-    assert set(report["sustained"]["rates"]) == {"vllm", "autellix"}
+    for rate in ("0.5", "2.0"):
+        row = report["results"]["autellix"][rate]
+        assert row["completed"] == 3 and row["failed"] == 0, row["errors"]
+        assert row["calls"] > 20 and row["mean_token_latency"] > 0
+        assert row["max_parallel_calls"] >= 5  # one of the three is a LATS program
+        assert row["prefix_cache_hit_rate"] > 0.2  # Autellix runs with prefix caching on
+    assert set(report["sustained"]["rates"]) == {"autellix"}
     if len(cores) > 1:  # the model worker kept its cores; everything else ran on the others
-        for split in report["cores"].values():
-            assert split["engine"] and split["others"] and set(split["engine"]) | set(split["others"]) == cores
-            assert not set(split["engine"]) & set(split["others"])
+        split = report["cores"]["autellix"]
+        assert split["engine"] and split["others"] and set(split["engine"]) | set(split["others"]) == cores
+        assert not set(split["engine"]) & set(split["others"])
     assert os.sched_getaffinity(0) == cores  # given back: the next engine binds its worker afresh
     paths = write_report(report, tmp_path / "out")
     assert [p.suffix for p in paths] == [".json", ".png", ".png"]

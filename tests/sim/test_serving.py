@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from autellix.cli import app
 from autellix.core import SchedulerConfig
+from autellix.engine.tiny_model import build_tiny_model
 from autellix.sim.cost_model import StepCost
 from autellix.sim.engine_model import EngineModel, EngineProfile
 from autellix.sim.serving import render, sim_summary, simulate_programs, speed_stats
@@ -111,11 +113,16 @@ def test_bad_arguments_are_refused() -> None:
         simulate_programs([], profile=PROFILE, system="vllm", rate=1.0, seed=0, engines=0)
 
 
-def test_render_keeps_histories_prefix_stable() -> None:
-    short = [{"role": "system", "content": "rules"}, {"role": "user", "content": "hi"}]
-    longer = [*short, {"role": "assistant", "content": "hello"}]
-    assert render(longer).startswith(render(short))
-    assert len(render(short)) == 2 * 40 + len("rules") + len("hi")  # the programs' own token count
+def test_render_is_the_real_engines_prompt_and_keeps_histories_prefix_stable(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(build_tiny_model(tmp_path))
+    short = [{"role": "system", "content": "rules"}, {"role": "user", "content": "hi é"}]
+    longer = [*short, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    for messages in (short, longer):  # the engine's tokens are the rendered bytes
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        assert list(getattr(ids, "input_ids", ids)) == list(render(messages))
+    # the next turn starts with the last prompt and the reply generated for it: all in the prefix cache
+    assert render(longer).startswith(render(short) + b"hello")
 
 
 def test_the_virtual_clock_runs_sleeps_instantly_and_detects_deadlock() -> None:

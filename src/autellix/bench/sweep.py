@@ -73,6 +73,12 @@ ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT
                                               "fanout": _HEAVY}
 
 
+def engine_args(system: System, settings: EngineSettings) -> list[str]:
+    """vLLM's arguments for ``system`` beyond the scheduler: the workload's, and
+    prefix caching off for the systems that run without it (bare ``vllm``)."""
+    return [*settings.args, *([] if system.prefix_caching else ["--no-enable-prefix-caching"])]
+
+
 @contextlib.contextmanager
 def local_stack(system: System, settings: EngineSettings, log_dir: Path,
                 isolate_cores: bool = False) -> Iterator[tuple[str, str, CoreSplit | None]]:
@@ -80,10 +86,10 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path,
     the core split). With ``isolate_cores`` the engine's model worker keeps its
     cores to itself and the API server, the gateway and this client run on the
     others (``autellix.engine.cores``)."""
-    extra = list(settings.args) + ([] if system.prefix_caching else ["--no-enable-prefix-caching"])
     config = settings.config_for(system)
     engine: EngineProcess = start_engine(free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
-                                         max_num_seqs=settings.max_num_seqs, extra_args=extra, config=config)
+                                         max_num_seqs=settings.max_num_seqs, extra_args=engine_args(system, settings),
+                                         config=config)
     try:
         wait_ready([engine], timeout=600)
         with contextlib.ExitStack() as stack:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+from collections.abc import Mapping, Sequence
 
 BOS = "<s>"
 EOS = "</s>"
@@ -47,6 +48,15 @@ CHAT_TEMPLATE = (
 )
 
 FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
+    """``CHAT_TEMPLATE`` applied with the generation prompt, in plain Python: the
+    prompt text the engine sees (one token per UTF-8 byte). The simulator renders
+    with it, so its prompts and prefix-cache hits are the real engine's: a reply
+    generated after ``<|assistant|>\n`` is followed by ``\n`` in the next prompt,
+    so the next turn's prompt starts with the last one's prompt and output."""
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
 
 #: The token ids a benchmark lets the tiny model generate: printable ASCII.
 #: With dummy weights the model samples any byte, and the bytes that are not

@@ -26,10 +26,11 @@ from autellix.backends import CallOutcome, VllmBackend
 from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, RequestController
 from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.mlq import QueueSpec
+from autellix.engine.tiny_model import render_chat
 from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_WAIT, XARGS_FIELD
 from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
 from autellix.sim.virtual_loop import run_virtual
-from autellix.workloads import MESSAGE_OVERHEAD, AgentProgram, client_priority
+from autellix.workloads import AgentProgram, client_priority
 from autellix.workloads.metrics import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
 from autellix.workloads.systems import SYSTEMS, System
 
@@ -49,15 +50,13 @@ def balancer_name(name: str | None) -> str | None:
 
 
 def render(messages: Sequence[dict[str, str]]) -> bytes:
-    """A chat prompt as the byte-level engine sees it: per message a fixed-size
-    header (``MESSAGE_OVERHEAD`` tokens, as the programs count it) and the
-    content's bytes. Equal histories give equal prefixes, so the prefix cache
-    shares them as it does on the real engine."""
-    out = bytearray()
-    for m in messages:
-        out += f"<|{m['role']}|>".encode().ljust(MESSAGE_OVERHEAD, b" ")
-        out += m["content"].encode("utf-8")
-    return bytes(out)
+    """A chat prompt as the byte-level engine sees it: the tiny model's chat
+    template (``autellix.engine.tiny_model.render_chat``), one token per byte.
+    Equal histories give equal prefixes, and a reply re-sent in the next turn
+    follows the prompt it was generated for, so the prefix cache shares both
+    as it does on the real engine (the benchmark's replies re-tokenize to what
+    was generated: ``REPLY_TOKEN_IDS``)."""
+    return render_chat(messages).encode("utf-8")
 
 
 class _Engine:
