@@ -48,12 +48,12 @@ def main() -> None:
     start_stack = sweep.local_stack
 
     @contextlib.contextmanager
-    def local_stack(system: System, settings: EngineSettings, log_dir: Path,
-                    isolate_cores: bool = False) -> Iterator[tuple[str, str, CoreSplit | None]]:
+    def local_stack(system: System, settings: EngineSettings, log_dir: Path, isolate_cores: bool = False,
+                    **options: bool) -> Iterator[tuple[str, str, CoreSplit | None]]:
         if system.name in budgets:
             config = (settings.scheduler or SchedulerConfig()).with_overrides(max_preemptions=budgets[system.name])
             settings = replace(settings, scheduler=config)
-        with start_stack(system, settings, log_dir, isolate_cores) as stack:
+        with start_stack(system, settings, log_dir, isolate_cores, **options) as stack:
             yield stack
 
     sweep.local_stack = local_stack

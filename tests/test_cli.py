@@ -184,19 +184,38 @@ def test_every_command_refuses_a_bad_value_the_same_way(command: str, recorded: 
 def test_bench_sweep_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     import autellix.bench.sweep as sweep
 
-    got: list[int] = []
+    got: list[tuple[int, bool]] = []
 
-    def run_sweep(*args: Any, rounds: int, **kwargs: Any) -> None:
-        got.append(rounds)
+    def run_sweep(*args: Any, rounds: int, keep_stacks: bool, **kwargs: Any) -> None:
+        got.append((rounds, keep_stacks))
         raise ValueError("stop here")
 
     monkeypatch.setattr(sweep, "run_sweep", run_sweep)
     invoke: Callable[[list[str]], Any] = lambda args: CliRunner().invoke(app, ["bench", "sweep", *args])  # noqa: E731
     assert "stop here" in invoke(["--rounds", "3"]).output
     assert "stop here" in invoke([]).output
+    assert "stop here" in invoke(["--rounds", "2", "--keep-stacks"]).output
     refused = invoke(["--rounds", "0"])
     assert refused.exit_code == 2 and "--rounds" in refused.output
-    assert got == [3, 1]
+    assert got == [(3, False), (1, False), (2, True)]
+
+
+def test_bench_limits_replies_to_ascii_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the runner's handling of reply_tokens is tested on the real engine (tests/bench/test_runner_on_engine.py)
+    import autellix.bench.runner as runner
+    from autellix.engine.tiny_model import REPLY_TOKEN_IDS
+
+    got: list[Any] = []
+
+    async def run_programs(*args: Any, reply_tokens: Any = None, **kwargs: Any) -> None:
+        got.append(reply_tokens)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(runner, "run_programs", run_programs)
+    for args in (["--ascii-replies"], []):
+        result = CliRunner().invoke(app, ["bench", "--workload", "sharegpt", "--programs", "1", *args])
+        assert isinstance(result.exception, ValueError) and "stop here" in str(result.exception)
+    assert got == [REPLY_TOKEN_IDS, None]
 
 
 def test_bench_sweep_prints_the_paired_ratios(capsys: pytest.CaptureFixture[str]) -> None:

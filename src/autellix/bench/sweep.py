@@ -7,6 +7,12 @@ programs and the same Poisson arrivals at each rate. The systems (``vllm``,
 ``autellix``) and what each runs: ``autellix.workloads.systems``, the table
 the simulator reads too.
 
+With ``keep_stacks`` (``--keep-stacks``) every system's stack is started once
+and kept up for all rounds: a round runs the systems in turn, in an order
+rotated from one round to the next, each run on an emptied prefix cache, so
+runs compared within a round are a minute apart rather than an engine start
+apart (this machine's speed drifts within minutes: docs/benchmarks.md).
+
 The engines are made to saturate at rates this machine's client can drive
 (``ENGINE_SETTINGS``): for the light workloads (sharegpt, bfcl) few running
 sequences, a small token budget and eager mode; for the heavy ones (lats,
@@ -21,6 +27,8 @@ import contextlib
 import json
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -79,17 +87,23 @@ def engine_args(system: System, settings: EngineSettings) -> list[str]:
     return [*settings.args, *([] if system.prefix_caching else ["--no-enable-prefix-caching"])]
 
 
+#: vLLM serves ``POST /reset_prefix_cache`` only in its development mode; a
+#: kept stack's engine needs it to start every run with an empty prefix cache.
+DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
 @contextlib.contextmanager
-def local_stack(system: System, settings: EngineSettings, log_dir: Path,
-                isolate_cores: bool = False) -> Iterator[tuple[str, str, CoreSplit | None]]:
+def local_stack(system: System, settings: EngineSettings, log_dir: Path, isolate_cores: bool = False, *,
+                resettable: bool = False) -> Iterator[tuple[str, str, CoreSplit | None]]:
     """Start the system's engine (and gateway); yield (target URL, engine URL,
     the core split). With ``isolate_cores`` the engine's model worker keeps its
     cores to itself and the API server, the gateway and this client run on the
-    others (``autellix.engine.cores``)."""
+    others (``autellix.engine.cores``). ``resettable``: the engine serves
+    ``reset_prefix_cache`` (``empty_prefix_cache``)."""
     config = settings.config_for(system)
     engine: EngineProcess = start_engine(free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
                                          max_num_seqs=settings.max_num_seqs, extra_args=engine_args(system, settings),
-                                         config=config)
+                                         config=config, extra_env=DEV_MODE_ENV if resettable else None)
     try:
         wait_ready([engine], timeout=600)
         with contextlib.ExitStack() as stack:
@@ -105,11 +119,29 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path,
         stop_engine(engine)
 
 
+def empty_prefix_cache(engine: str, timeout: float = 30.0) -> None:
+    """Free every cached block of an idle engine started ``resettable``, so the
+    next run starts as on a fresh engine; vLLM refuses while blocks are held
+    (a call still finishing), so this retries until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(engine.rstrip("/") + "/reset_prefix_cache", method="POST", data=b"")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                if json.loads(response.read()).get("success"):
+                    return
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{engine}: reset_prefix_cache answered {exc.code}: is it in vLLM's dev mode?") from None
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{engine}: the prefix cache still held blocks after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | None, seed: int,
               systems: Sequence[str],
               calibration: str = "paper", log_dir: Path | None = None, stream: bool = False,
               scheduler: SchedulerConfig | None = None, isolate_cores: bool = False, rounds: int = 1,
-              progress: Callable[[str], None] = print) -> dict[str, Any]:
+              keep_stacks: bool = False, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run ``systems`` over ``rates``; ``scheduler`` replaces the workload's
     scheduler settings (queue boundaries, beta) for the systems behind the gateway;
     ``isolate_cores``: see ``local_stack``. ``rounds`` > 1 runs every system that
@@ -130,23 +162,29 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
         settings = replace(settings, scheduler=scheduler)
     rates = list(rates or settings.rates)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="autellix-sweep-"))
-    per_round: list[dict[str, dict[str, Any]]] = []
     cores: dict[str, Any] = {}
-    for number in range(1, rounds + 1):
-        round_logs = log_dir
-        if rounds > 1:
-            progress(f"round {number} of {rounds}")
-            round_logs = log_dir / f"round-{number}"
-            round_logs.mkdir(exist_ok=True)
-        per_round.append(_run_round(workload, systems, rates, settings, programs=programs, seed=seed,
-                                    calibration=calibration, log_dir=round_logs, stream=stream,
-                                    isolate_cores=isolate_cores, cores=cores, progress=progress))
+    run = _RateRunner(workload, settings, programs=programs, seed=seed, calibration=calibration, stream=stream,
+                      progress=progress)
+    if keep_stacks:
+        per_round = _run_kept_stacks(run, systems, rates, settings, rounds=rounds, log_dir=log_dir,
+                                     isolate_cores=isolate_cores, cores=cores, progress=progress)
+    else:
+        per_round = []
+        for number in range(1, rounds + 1):
+            round_logs = log_dir
+            if rounds > 1:
+                progress(f"round {number} of {rounds}")
+                round_logs = log_dir / f"round-{number}"
+                round_logs.mkdir(exist_ok=True)
+            per_round.append(_run_round(run, systems, rates, settings, log_dir=round_logs,
+                                        isolate_cores=isolate_cores, cores=cores, progress=progress))
     results = per_round[0]
     report = {
         "workload": workload, "calibration": calibration, "rates": list(rates), "seed": seed,
         "programs": {str(r): programs or settings.programs_at(r) for r in rates},
         "engine": {"max_num_seqs": settings.max_num_seqs, "args": list(settings.args)}, "stream": stream,
         "scheduler": (settings.scheduler or SchedulerConfig()).to_mapping(), "cores": cores,
+        "kept_stacks": keep_stacks,
         "results": results, "sustained": sustained_rates(results, rates),
         "under_load": loaded_comparison(results, rates),
     }
@@ -157,9 +195,42 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
     return report
 
 
-def _run_round(workload: str, systems: Sequence[str], rates: Sequence[float], settings: EngineSettings, *,
-               programs: int | None, seed: int, calibration: str, log_dir: Path, stream: bool,
-               isolate_cores: bool, cores: dict[str, Any],
+@dataclass(frozen=True)
+class _RateRunner:
+    """One system's run at one rate against a stack that is up: the programs
+    and arrivals of the rate's index, the same for every system."""
+
+    workload: str
+    settings: EngineSettings
+    programs: int | None
+    seed: int
+    calibration: str
+    stream: bool
+    progress: Callable[[str], None]
+
+    def __call__(self, system: System, target: str, engine: str, index: int, rate: float) -> dict[str, Any]:
+        count = self.programs or self.settings.programs_at(rate)
+        batch = make_programs(self.workload, count, seed=self.seed + index, calibration=self.calibration)
+        started = time.monotonic()
+        run = asyncio.run(run_programs(target, batch, rate=rate, seed=self.seed + index, model=SERVED_MODEL,
+                                       engines=[engine], stream=self.stream, client_priority=system.client_priority,
+                                       reply_tokens=REPLY_TOKEN_IDS))
+        summary = summarize(run)
+        self.progress(f"{system.name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "
+                      f"p99 {summary['p99_token_latency']:.4f} s, {summary['completed']}/{count} done "
+                      f"in {time.monotonic() - started:.0f} s")
+        return summary
+
+
+def _split_progress(name: str, split: CoreSplit | None, isolate_cores: bool, progress: Callable[[str], None]) -> None:
+    if split:
+        progress(f"{name}: model worker on cores {sorted(split.engine)}, the rest on {sorted(split.others)}")
+    elif isolate_cores:
+        progress(f"{name}: cores not split (one core, or no bound model worker found)")
+
+
+def _run_round(run: _RateRunner, systems: Sequence[str], rates: Sequence[float], settings: EngineSettings, *,
+               log_dir: Path, isolate_cores: bool, cores: dict[str, Any],
                progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """Every system once, each on a fresh stack, over every rate."""
     results: dict[str, dict[str, Any]] = {}
@@ -168,25 +239,47 @@ def _run_round(workload: str, systems: Sequence[str], rates: Sequence[float], se
         progress(f"{name}: starting a fresh stack (logs {log_dir})")
         with local_stack(system, settings, log_dir, isolate_cores) as (target, engine, split):
             cores[name] = split.to_mapping() if split else None
-            if split:
-                progress(f"{name}: model worker on cores {sorted(split.engine)}, the rest on {sorted(split.others)}")
-            elif isolate_cores:
-                progress(f"{name}: cores not split (one core, or no bound model worker found)")
-            results[name] = {}
-            for i, rate in enumerate(rates):
-                count = programs or settings.programs_at(rate)
-                batch = make_programs(workload, count, seed=seed + i, calibration=calibration)
-                started = time.monotonic()
-                run = asyncio.run(run_programs(target, batch, rate=rate, seed=seed + i, model=SERVED_MODEL,
-                                               engines=[engine], stream=stream,
-                                               client_priority=system.client_priority,
-                                               reply_tokens=REPLY_TOKEN_IDS))
-                summary = summarize(run)
-                results[name][str(rate)] = summary
-                progress(f"{name} @ {rate}/s: mean token latency {summary['mean_token_latency']:.4f} s, "
-                         f"p99 {summary['p99_token_latency']:.4f} s, {summary['completed']}/{count} done "
-                         f"in {time.monotonic() - started:.0f} s")
+            _split_progress(name, split, isolate_cores, progress)
+            results[name] = {str(rate): run(system, target, engine, i, rate) for i, rate in enumerate(rates)}
     return results
+
+
+def rotated(systems: Sequence[str], number: int) -> list[str]:
+    """The order of round ``number`` (from 0) on kept stacks: ``systems`` rotated by one a round."""
+    k = number % len(systems)
+    return [*systems[k:], *systems[:k]]
+
+
+def _run_kept_stacks(run: _RateRunner, systems: Sequence[str], rates: Sequence[float], settings: EngineSettings, *,
+                     rounds: int, log_dir: Path, isolate_cores: bool, cores: dict[str, Any],
+                     progress: Callable[[str], None]) -> list[dict[str, dict[str, Any]]]:
+    """Every system's stack started once and kept up; each round runs them in
+    turn, the order rotated by one each round (so no system always follows the
+    same one), every run on an emptied prefix cache."""
+    per_round: list[dict[str, dict[str, Any]]] = []
+    with contextlib.ExitStack() as stacks:
+        up: dict[str, tuple[str, str]] = {}
+        for name in systems:
+            progress(f"{name}: starting its stack, kept up for every round (logs {log_dir})")
+            target, engine, _ = stacks.enter_context(local_stack(SYSTEMS[name], settings, log_dir, resettable=True))
+            up[name] = (target, engine)
+        # once every stack is up: engines started later would inherit the narrowed cores
+        split = stacks.enter_context(engine_cores_isolated()) if isolate_cores else None
+        _split_progress("every stack", split, isolate_cores, progress)
+        for name in systems:
+            cores[name] = split.to_mapping() if split else None
+        for number in range(rounds):
+            order = rotated(systems, number)
+            progress(f"round {number + 1} of {rounds}: {', '.join(order)}")
+            results: dict[str, dict[str, Any]] = {}
+            for name in order:
+                target, engine = up[name]
+                results[name] = {}
+                for i, rate in enumerate(rates):
+                    empty_prefix_cache(engine)
+                    results[name][str(rate)] = run(SYSTEMS[name], target, engine, i, rate)
+            per_round.append({name: results[name] for name in systems})
+    return per_round
 
 
 def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -30,6 +30,10 @@ def bench(
     model: Annotated[str, typer.Option(help="Model name to request")] = "tiny-llama",
     engine_metrics: Annotated[list[str] | None, typer.Option(
         "--engine-metrics", help="Engine URL to read prefix-cache counters from (repeatable)")] = None,
+    ascii_replies: Annotated[bool, typer.Option(
+        help="Limit replies to printable ASCII token ids (vLLM's allowed_token_ids), as `bench sweep` does for "
+             "the byte-level tiny model, so each re-sent history holds exactly the tokens generated; leave off "
+             "for any other model, whose token ids differ")] = False,
     output: Annotated[OutputFormat, typer.Option("--format", help="table or json")] = OutputFormat.table,
 ) -> None:
     """Run agent programs with Poisson arrivals and report program-level metrics."""
@@ -41,6 +45,7 @@ def bench(
     from rich.progress import Progress
 
     from autellix.bench.runner import run_programs
+    from autellix.engine.tiny_model import REPLY_TOKEN_IDS
     from autellix.workloads import make_programs
     from autellix.workloads.metrics import summarize
 
@@ -52,6 +57,7 @@ def bench(
         task = bar.add_task(f"{workload} @ {rate}/s", total=programs)
         result = asyncio.run(run_programs(target, batch, rate=rate, seed=seed, model=model,
                                           engines=list(engine_metrics or []),
+                                          reply_tokens=REPLY_TOKEN_IDS if ascii_replies else None,
                                           on_done=lambda _: bar.advance(task)))
     summary = summarize(result)
     if output is OutputFormat.json:
@@ -90,6 +96,10 @@ def bench_sweep(
     rounds: Annotated[int, typer.Option(
         min=1, help="Run every system this many times, in turn, and report each system against client-plas "
                     "(else the first system) within each round: ratios with their spread")] = 1,
+    keep_stacks: Annotated[bool, typer.Option(
+        help="Start every system's stack once and keep them all up: each round runs the systems in turn, the "
+             "order rotated every round, each run on an emptied prefix cache (runs a minute apart, not an "
+             "engine start apart)")] = False,
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
     from autellix.bench.sweep import ENGINE_SETTINGS, run_sweep, write_report
@@ -107,7 +117,8 @@ def bench_sweep(
         with exit_on_sigterm():  # a stopped sweep stops its engines too
             report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration,
                                stream=stream, scheduler=scheduler, isolate_cores=isolate_cores,
-                               systems=comma_list(systems), rounds=rounds, progress=progress)
+                               systems=comma_list(systems), rounds=rounds, keep_stacks=keep_stacks,
+                               progress=progress)
     except ValueError as exc:
         raise fail(str(exc)) from None
     for path in write_report(report, out):

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,13 +131,14 @@ def engine_env(port: int, config: SchedulerConfig | None = None, *, token: str |
 
 def start_engine(port: int, *, log_dir: Path, model_dir: Path | None = None,
                  config: SchedulerConfig | None = None, token: str | None = None,
-                 **options: object) -> EngineProcess:
+                 extra_env: Mapping[str, str] | None = None, **options: object) -> EngineProcess:
     model_dir = build_tiny_model(model_dir or default_model_dir())
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"engine-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(engine_command(model_dir, port, **options), stdout=log,  # type: ignore[arg-type]
-                                   stderr=subprocess.STDOUT, env=engine_env(port, config, token=token),
+                                   stderr=subprocess.STDOUT,
+                                   env=engine_env(port, config, token=token) | dict(extra_env or {}),
                                    # its own process group, to stop it with its workers, but not its
                                    # own session: with the kernel's autogroup scheduling a session is a
                                    # scheduling group, and beside a busy engine group the gateway and
