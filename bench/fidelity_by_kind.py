@@ -1,7 +1,7 @@
 """The real CPU engine against the simulator, by kind of program and call (issue 15).
 
     .venv/bin/python bench/fidelity_by_kind.py --workload mixed --rate 1.8 --seed 3 \
-        --systems client-plas,autellix [--out DIR]
+        --systems client-plas,autellix [--programs N] [--out DIR]
 
 Runs each system on a fresh local stack (the workload's engine settings,
 ``autellix.bench.sweep.ENGINE_SETTINGS``, cores isolated), then the same
@@ -61,31 +61,34 @@ def by_kind(result: RunResult) -> dict[str, dict[str, float]]:
     return out
 
 
-def real_run(workload: str, rate: float, seed: int, system: str) -> RunResult:
+def real_run(workload: str, rate: float, seed: int, system: str, count: int) -> RunResult:
     settings = sweep.ENGINE_SETTINGS[workload]
     with sweep.local_stack(SYSTEMS[system], settings, Path(tempfile.mkdtemp(prefix="autellix-fidelity-")),
                            isolate_cores=True) as (target, engine, _split):
-        programs = make_programs(workload, settings.programs_at(rate), seed=seed)
+        programs = make_programs(workload, count, seed=seed)
         return asyncio.run(run_programs(target, programs, rate=rate, seed=seed, model=SERVED_MODEL, engines=[engine],
                                         stream=False, client_priority=SYSTEMS[system].client_priority,
                                         reply_tokens=REPLY_TOKEN_IDS))
 
 
-def simulated_run(workload: str, rate: float, seed: int, system: str) -> RunResult:
+def simulated_run(workload: str, rate: float, seed: int, system: str, count: int) -> RunResult:
     settings = sweep.ENGINE_SETTINGS[workload]
     budget = settings.args[settings.args.index("--max-num-batched-tokens") + 1]
     profile = EngineProfile.load("cpu-tiny").with_overrides(max_num_seqs=settings.max_num_seqs,
                                                            max_num_batched_tokens=int(budget))
-    programs = make_programs(workload, settings.programs_at(rate), seed=seed)
+    programs = make_programs(workload, count, seed=seed)
     return simulate_programs(programs, profile=profile, system=system, rate=rate, seed=seed,
                              config=settings.scheduler or SchedulerConfig()).result
 
 
-def compare(workload: str, rate: float, seed: int, systems: Sequence[str]) -> dict[str, Any]:
-    report: dict[str, Any] = {"workload": workload, "rate": rate, "seed": seed, "systems": {}}
+def compare(workload: str, rate: float, seed: int, systems: Sequence[str],
+            programs: int | None = None) -> dict[str, Any]:
+    """``programs``: how many (default: the workload's at this rate, as the sweep runs)."""
+    count = programs or sweep.ENGINE_SETTINGS[workload].programs_at(rate)
+    report: dict[str, Any] = {"workload": workload, "rate": rate, "seed": seed, "programs": count, "systems": {}}
     for system in systems:
-        report["systems"][system] = {"real": by_kind(real_run(workload, rate, seed, system)),
-                                     "simulated": by_kind(simulated_run(workload, rate, seed, system))}
+        report["systems"][system] = {"real": by_kind(real_run(workload, rate, seed, system, count)),
+                                     "simulated": by_kind(simulated_run(workload, rate, seed, system, count))}
     return report
 
 
@@ -107,9 +110,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1.8)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--systems", default="client-plas,autellix")
+    parser.add_argument("--programs", type=int, default=None, help="programs in the run (default: the sweep's)")
     parser.add_argument("--out", type=Path, default=None, help="write the report as DIR/fidelity-<workload>.json")
     args = parser.parse_args()
-    report = compare(args.workload, args.rate, args.seed, args.systems.split(","))
+    report = compare(args.workload, args.rate, args.seed, args.systems.split(","), args.programs)
     print_report(report)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
