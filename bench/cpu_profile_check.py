@@ -1,17 +1,20 @@
-"""The real-engine benchmark's settings, simulated on the cpu-tiny profile (issue 15).
+"""The real-engine benchmark's settings, simulated on the CPU engine's profiles (issue 15).
 
-    .venv/bin/python bench/cpu_profile_check.py [--workloads mixed,fanout] [--draws 5] [--jobs 2]
+    .venv/bin/python bench/cpu_profile_check.py [--workloads mixed,fanout] [--draws 5] [--jobs 2] \
+        [--rates 0.5 --programs 26 --first-draw 4 --profile NAME]
 
 For every workload of ``autellix bench sweep`` and every rate of its engine
 settings (``autellix.bench.sweep.ENGINE_SETTINGS``: slots, token budget,
 programs per rate, the scheduler settings), runs client-plas, vllm-opt, plas
-and autellix in the simulator on the profile fitted to this machine's CPU
-engine, over several draws (draw d at the rate of index i uses seed d + i, as
-the sweep does), and prints autellix's mean and P99 program token latency
-against client-plas's and vllm-opt's: geometric mean over the draws, with the
-range. What the simulator says the real engine would show, at a fraction of
-its time (docs/simulation.md, "The benchmark's settings on the cpu-tiny
-profile"); about five minutes on two cores.
+and autellix in the simulator on the profile of this machine's CPU engine at
+those settings (``EngineSettings.sim_profile``: cpu-tiny for the light ones,
+cpu-tiny-heavy for the heavy ones; ``--profile`` for another), over several
+draws (draw d at the rate of index i uses seed d + i, as the sweep does),
+and prints autellix's mean and P99 program token latency against
+client-plas's and vllm-opt's: geometric mean over the draws, with the range.
+What the simulator says the real engine would show, at a fraction of its
+time (docs/simulation.md, "The benchmark's settings on the cpu-tiny
+profile" and "The engine's own steps"); about five minutes on two cores.
 """
 
 from __future__ import annotations
@@ -23,26 +26,21 @@ from typing import Any
 
 from autellix.bench.sweep import ENGINE_SETTINGS
 from autellix.core import SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.workloads import make_programs
 
 SYSTEMS = ("client-plas", "vllm-opt", "plas", "autellix")
 
 
-def batched_tokens(args: tuple[str, ...]) -> int | None:
-    """The sweep's ``--max-num-batched-tokens``, if its engine arguments set one."""
-    flag = "--max-num-batched-tokens"
-    return int(args[args.index(flag) + 1]) if flag in args else None
+Task = tuple[str, float, int, int, str, int | None, str | None]
 
 
-def run_point(task: tuple[str, float, int, int, str]) -> tuple[tuple[str, float, int, str], dict[str, Any]]:
-    workload, rate, index, draw, system = task
+def run_point(task: Task) -> tuple[tuple[str, float, int, str], dict[str, Any]]:
+    workload, rate, index, draw, system, count, profile_name = task
     settings = ENGINE_SETTINGS[workload]
-    profile = EngineProfile.load("cpu-tiny").with_overrides(
-        max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=batched_tokens(settings.args))
+    profile = settings.sim_profile(profile_name)
     seed = draw + index
-    programs = make_programs(workload, settings.programs_at(rate), seed=seed)
+    programs = make_programs(workload, count or settings.programs_at(rate), seed=seed)
     run = simulate_programs(programs, profile=profile, system=system, rate=rate, seed=seed,
                             config=settings.scheduler or SchedulerConfig())
     return (workload, rate, draw, system), sim_summary(run)
@@ -62,17 +60,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default=",".join(ENGINE_SETTINGS))
     parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--first-draw", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--rates", default=None, help="comma-separated (default: each workload's sweep rates)")
+    parser.add_argument("--programs", type=int, default=None, help="programs a run (default: the sweep's)")
+    parser.add_argument("--profile", default=None, help="a profile's name or JSON (default: the settings' own)")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
-    draws = range(1, args.draws + 1)
-    tasks = [(w, rate, i, d, s) for w in workloads for i, rate in enumerate(ENGINE_SETTINGS[w].rates)
+    draws = range(args.first_draw, args.first_draw + args.draws)
+    chosen = [float(r) for r in args.rates.split(",")] if args.rates else None
+    rates = {w: chosen or list(ENGINE_SETTINGS[w].rates) for w in workloads}
+    tasks = [(w, rate, i, d, s, args.programs, args.profile) for w in workloads for i, rate in enumerate(rates[w])
              for d in draws for s in SYSTEMS]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(run_point, tasks, chunksize=4))
     print("autellix against client-plas and vllm-opt, geometric mean over draws (range); ms per token")
     for w in workloads:
-        for rate in ENGINE_SETTINGS[w].rates:
+        for rate in rates[w]:
             line = [f"{w:8} {rate:>4}/s"]
             for metric, label in (("mean_token_latency", "mean"), ("p99_token_latency", "P99")):
                 for rival in ("client-plas", "vllm-opt"):

@@ -5,11 +5,12 @@
 
 Runs each system on a fresh local stack (the workload's engine settings,
 ``autellix.bench.sweep.ENGINE_SETTINGS``, cores isolated), then the same
-programs and arrivals in the simulator on the cpu-tiny profile with the same
-slots, token budget and scheduler settings, and prints, per kind of program
-(``mixed`` holds sharegpt, bfcl, lats and multi-agent programs): program token
-latency, and per call the latency, vLLM's queue time, the time from first
-scheduled to done, and the prompt and output tokens, real against simulated.
+programs and arrivals in the simulator on the settings' profile
+(``EngineSettings.sim_profile``) with the same slots, token budget and
+scheduler settings, and prints, per kind of program (``mixed`` holds
+sharegpt, bfcl, lats and multi-agent programs): program token latency, and
+per call the latency, vLLM's queue time, the time from first scheduled to
+done, and the prompt and output tokens, real against simulated.
 ``autellix sim fidelity`` compares whole runs; this says which programs and
 which part of a call the simulator gets wrong. Results in docs/simulation.md
 ("Program by program"); about four minutes a system.
@@ -31,7 +32,6 @@ from autellix.bench.runner import run_programs
 from autellix.core import SchedulerConfig
 from autellix.engine.launch import SERVED_MODEL
 from autellix.engine.tiny_model import REPLY_TOKEN_IDS
-from autellix.sim.engine_model import EngineProfile
 from autellix.sim.serving import simulate_programs
 from autellix.workloads import make_programs
 from autellix.workloads.metrics import RunResult
@@ -73,9 +73,7 @@ def real_run(workload: str, rate: float, seed: int, system: str, count: int) -> 
 
 def simulated_run(workload: str, rate: float, seed: int, system: str, count: int) -> RunResult:
     settings = sweep.ENGINE_SETTINGS[workload]
-    budget = settings.args[settings.args.index("--max-num-batched-tokens") + 1]
-    profile = EngineProfile.load("cpu-tiny").with_overrides(max_num_seqs=settings.max_num_seqs,
-                                                           max_num_batched_tokens=int(budget))
+    profile = settings.sim_profile()
     programs = make_programs(workload, count, seed=seed)
     return simulate_programs(programs, profile=profile, system=system, rate=rate, seed=seed,
                              config=settings.scheduler or SchedulerConfig()).result

@@ -184,10 +184,10 @@ def test_every_command_refuses_a_bad_value_the_same_way(command: str, recorded: 
 def test_bench_sweep_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     import autellix.bench.sweep as sweep
 
-    got: list[tuple[int, bool]] = []
+    got: list[tuple[int, bool, bool]] = []
 
-    def run_sweep(*args: Any, rounds: int, keep_stacks: bool, **kwargs: Any) -> None:
-        got.append((rounds, keep_stacks))
+    def run_sweep(*args: Any, rounds: int, keep_stacks: bool, draw_per_round: bool, **kwargs: Any) -> None:
+        got.append((rounds, keep_stacks, draw_per_round))
         raise ValueError("stop here")
 
     monkeypatch.setattr(sweep, "run_sweep", run_sweep)
@@ -195,9 +195,10 @@ def test_bench_sweep_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "stop here" in invoke(["--rounds", "3"]).output
     assert "stop here" in invoke([]).output
     assert "stop here" in invoke(["--rounds", "2", "--keep-stacks"]).output
+    assert "stop here" in invoke(["--rounds", "5", "--keep-stacks", "--draw-per-round"]).output
     refused = invoke(["--rounds", "0"])
     assert refused.exit_code == 2 and "--rounds" in refused.output
-    assert got == [(3, False), (1, False), (2, True)]
+    assert got == [(3, False, False), (1, False, False), (2, True, False), (5, True, True)]
 
 
 def test_bench_limits_replies_to_ascii_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,8 +29,12 @@ def script(name: str) -> ModuleType:
 
 def test_the_cpu_check_reads_the_sweeps_token_budget() -> None:
     check = script("cpu_profile_check")
-    assert check.batched_tokens(ENGINE_SETTINGS["mixed"].args) == 2048
-    assert check.batched_tokens(()) is None
+    assert ENGINE_SETTINGS["mixed"].max_num_batched_tokens == 2048
+    # each engine setting is simulated on its own profile, with its slots and budget
+    heavy = ENGINE_SETTINGS["mixed"].sim_profile()
+    assert (heavy.name, heavy.max_num_seqs, heavy.max_num_batched_tokens) == ("cpu-tiny-heavy", 8, 2048)
+    light = ENGINE_SETTINGS["bfcl"].sim_profile()
+    assert (light.name, light.max_num_seqs, light.max_num_batched_tokens) == ("cpu-tiny", 4, 1024)
     results = {("w", 1.0, 0, "autellix"): {"m": 2.0}, ("w", 1.0, 0, "x"): {"m": 4.0},
                ("w", 1.0, 1, "autellix"): {"m": 1.0}, ("w", 1.0, 1, "x"): {"m": 4.0}}
     assert check.ratios(results, "w", 1.0, range(2), "m", "x") == [0.5, 0.25]

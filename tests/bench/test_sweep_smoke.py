@@ -11,7 +11,7 @@ import pytest
 
 from autellix.bench.sweep import ENGINE_SETTINGS, SYSTEMS, engine_args, rotated, run_sweep, write_report
 from autellix.workloads.data import ENV_VAR, workloads_available
-from tests.live import TEST_ENGINE_ARGS
+from tests.live import TEST_ENGINE_ARGS, load_bench_script
 
 pytest.importorskip("matplotlib")
 
@@ -53,16 +53,26 @@ def test_rounds_on_a_kept_stack_run_programs_through_the_gateway(tmp_path: Path,
     monkeypatch.setitem(ENGINE_SETTINGS, "mixed", replace(mixed, args=(*mixed.args, *TEST_ENGINE_ARGS)))
     cores = os.sched_getaffinity(0)
     report = run_sweep("mixed", [2.0], programs=3, seed=3, systems=["autellix"], isolate_cores=True, rounds=2,
-                       keep_stacks=True, log_dir=tmp_path / "logs", progress=lambda _: None)
+                       keep_stacks=True, trace_steps=True, log_dir=tmp_path / "logs", progress=lambda _: None)
     rows = [round_["autellix"]["2.0"] for round_ in report["rounds"]]
     for row in rows:
         assert row["completed"] == 3 and row["failed"] == 0, row["errors"]
         assert row["calls"] > 20 and row["mean_token_latency"] > 0
         assert row["max_parallel_calls"] >= 5  # one of the three is a LATS program
         assert row["prefix_cache_hit_rate"] > 0.2  # Autellix runs with prefix caching on
+        programs = row["per_program"]  # each program's own figures: they make up the run's
+        assert len(programs) == 3 and sum(p["calls"] for p in programs) == row["calls"]
+        assert sum(p["token_latency"] for p in programs) / 3 == pytest.approx(row["mean_token_latency"])
+        # the plugin traced its steps, and each run's steps are its own (the kept engine's one trace, cut by time)
+        steps = row["engine_steps"]
+        assert steps["new_requests"] >= row["calls"] and steps["decode_seq_steps"] > 0
+        assert 0 < steps["model_seconds"] < steps["busy_seconds"] < row["programs"] / row["programs_per_s"]
     # the same programs again on the kept engine: as many prefix-cache hits as the first time, because each
     # run starts on an emptied cache (kept, it would have held the whole first round's prompts)
     assert rows[1]["prefix_cache_hit_rate"] == pytest.approx(rows[0]["prefix_cache_hit_rate"], abs=0.02)
+    # the same programs twice: the same prompt tokens to compute or serve from the cache
+    totals = [r["engine_steps"]["prefill_tokens"] + r["engine_steps"]["cached_tokens"] for r in rows]
+    assert totals[1] == pytest.approx(totals[0], rel=0.3)  # not both rounds: that would be 2x
     assert report["kept_stacks"] and report["paired"]["rounds"] == 2
     assert set(report["sustained"]["rates"]) == {"autellix"}
     if len(cores) > 1:  # the model worker kept its cores; everything else ran on the others
@@ -70,6 +80,16 @@ def test_rounds_on_a_kept_stack_run_programs_through_the_gateway(tmp_path: Path,
         assert split["engine"] and split["others"] and set(split["engine"]) | set(split["others"]) == cores
         assert not set(split["engine"]) & set(split["others"])
     assert os.sched_getaffinity(0) == cores  # given back: the next engine binds its worker afresh
+    # bench/step_trace.py reads the traces back: the profile's cost of each run's steps and the simulator's run
+    step_trace = load_bench_script("step_trace")
+    analysis = step_trace.analyse(report, ENGINE_SETTINGS["mixed"].sim_profile(), refit=True)
+    for run, row in zip(analysis["runs"], rows, strict=True):
+        assert run["cost"]["measured_s"] == pytest.approx(row["engine_steps"]["busy_seconds"])
+        assert run["cost"]["profile_s"] > 0 and run["simulated"]["steps"] > 0
+        assert sum(k["steps"] for k in run["cost"]["by_kind"].values()) == row["engine_steps"]["steps"]
+    assert analysis["fits"]["autellix"]["samples"] >= sum(r["engine_steps"]["steps"] for r in rows) / 32
+    # the profile fitted to these steps runs the same programs in the simulator
+    assert analysis["refitted"]["autellix @ 2.0 seed 3"]["mean_token_latency"] > 0
     paths = write_report(report, tmp_path / "out")
     assert [p.suffix for p in paths] == [".json", ".png", ".png"]
     written = json.loads(paths[0].read_text())

@@ -204,7 +204,8 @@ def test_step_until_coalesces_decode_steps_without_changing_the_outcome() -> Non
         outcomes.update(result.outcomes)
         calls += 1
     assert calls < stepwise.stats()["steps"] / 3
-    assert coalesced.stats()["steps"] == stepwise.stats()["steps"]
+    for total in ("steps", "prefill_tokens", "decode_seq_steps", "new_requests"):
+        assert coalesced.stats()[total] == stepwise.stats()[total], total
     assert now == pytest.approx(end_single)
     for rid, outcome in single.items():
         assert outcomes[rid].finished_at == pytest.approx(outcome.finished_at)
@@ -285,3 +286,21 @@ def test_profile_round_trips_through_its_file_form(tmp_path) -> None:
     again = EngineProfile.load(path)
     assert again == a100 and again.provenance["sources"] == a100.provenance["sources"]
     assert a100.with_overrides(max_num_seqs=32).max_num_seqs == 32
+
+
+def test_step_totals_account_for_every_prompt_and_output_token() -> None:
+    """The totals ``bench/step_trace.py`` sets beside the real engine's trace:
+    without preemption every prompt token is prefilled or a prefix hit, and
+    every token after a call's first is one decode step of one sequence."""
+    engine = EngineModel(profile(kv_blocks=400), scheduler="fcfs")
+    shared = tokens(5, 40, 5)
+    wanted = {}
+    for i in range(12):
+        wanted[f"r{i}"] = 3 + 5 * i
+        engine.add(SimRequest(f"r{i}", [*shared, *tokens(i, 10 + 20 * i, i)], wanted[f"r{i}"]), 0.0)
+    run(engine)
+    stats = engine.stats()
+    assert stats["preemptions"] == 0 and stats["prefix_hits_tokens"] > 0
+    assert stats["prefill_tokens"] == stats["prefix_queries_tokens"] - stats["prefix_hits_tokens"]
+    assert stats["decode_seq_steps"] == sum(wanted.values()) - len(wanted) == stats["generated_tokens"] - 12
+    assert stats["new_requests"] == 12

@@ -100,6 +100,12 @@ def bench_sweep(
         help="Start every system's stack once and keep them all up: each round runs the systems in turn, the "
              "order rotated every round, each run on an emptied prefix cache (runs a minute apart, not an "
              "engine start apart)")] = False,
+    draw_per_round: Annotated[bool, typer.Option(
+        help="Round n runs the programs of seed + n (every system the same ones within a round): the rounds "
+             "sample the workload, not one draw of it")] = False,
+    trace_steps: Annotated[bool, typer.Option(
+        help="Record every engine step (steps-<system>.jsonl in the log folder) and add each run's step totals "
+             "to the report, to set beside the simulator's (bench/step_trace.py)")] = False,
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
     from autellix.bench.sweep import ENGINE_SETTINGS, run_sweep, write_report
@@ -118,7 +124,7 @@ def bench_sweep(
             report = run_sweep(workload, rate_list, programs=programs, seed=seed, calibration=calibration,
                                stream=stream, scheduler=scheduler, isolate_cores=isolate_cores,
                                systems=comma_list(systems), rounds=rounds, keep_stacks=keep_stacks,
-                               progress=progress)
+                               trace_steps=trace_steps, draw_per_round=draw_per_round, progress=progress)
     except ValueError as exc:
         raise fail(str(exc)) from None
     for path in write_report(report, out):

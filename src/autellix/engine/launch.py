@@ -30,6 +30,8 @@ SERVED_MODEL = "tiny-llama"
 #: priority, or stock vLLM first come first served.
 SCHEDULERS = ("autellix", "vllm-priority", "fcfs")
 SCHEDULER_CLS = "autellix.engine.scheduler.AutellixScheduler"
+#: Stock vLLM scheduling with each step recorded (``autellix.engine.step_trace``).
+TRACED_SCHEDULER_CLS = "autellix.engine.scheduler.TracedScheduler"
 FEEDBACK_MIDDLEWARE = "autellix.engine.feedback.FeedbackMiddleware"
 
 

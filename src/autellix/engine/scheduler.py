@@ -20,7 +20,8 @@ rewrites, ``Scheduler.schedule``:
    (synchronously here), so that interval is each scheduled call's model time.
    Quanta count in scheduler steps: one decode token, or one prefill chunk.
 
-Subclassing ``Scheduler``, not ``AsyncScheduler``: vLLM forces async scheduling
+Subclassing ``Scheduler`` (through ``TracedScheduler``, which records each
+step when ``AUTELLIX_STEP_TRACE`` is set), not ``AsyncScheduler``: vLLM forces async scheduling
 off on CPU; on GPU run with ``--no-async-scheduling`` (engine-image does), since
 preempting a request that has a step in flight is only safe in the sync loop.
 Parameters come from ``AUTELLIX_*`` environment variables (``SchedulerConfig.from_env``).
@@ -43,6 +44,7 @@ from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.feedback import FeedbackPublisher
 from autellix.engine.kv_pool import ResumeAccounting
 from autellix.engine.planner import CallIdentity, CallPlanner
+from autellix.engine.step_trace import StepTrace
 
 log = logging.getLogger("autellix.engine.scheduler")
 
@@ -54,7 +56,35 @@ class RankedRequestQueue(PriorityRequestQueue):
         heapq.heapify(self._heap)
 
 
-class AutellixScheduler(Scheduler):
+class TracedScheduler(Scheduler):
+    """Stock vLLM scheduling, each step traced (``AUTELLIX_STEP_TRACE``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step_trace = StepTrace.from_env()
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.monotonic()
+        output = super().schedule(*args, **kwargs)
+        if self.step_trace is not None:
+            self.step_trace.scheduled(t0, output, self.requests, len(self.running),
+                                      len(self.waiting) + len(self.kv_holding_waiting))
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        t2 = time.monotonic()
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        if self.step_trace is not None:
+            self.step_trace.updated(t2, idle=not (self.running or self.waiting or self.kv_holding_waiting))
+        return result
+
+    def shutdown(self) -> None:
+        if self.step_trace is not None:
+            self.step_trace.flush()
+        super().shutdown()
+
+
+class AutellixScheduler(TracedScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.autellix_config = SchedulerConfig.from_env()

@@ -298,6 +298,10 @@ class EngineModel:
         self.hit_tokens = 0
         self.generated_tokens = 0
         self.busy_seconds = 0.0
+        # what the steps held, summed (``autellix.engine.step_trace`` measures the same on the engine)
+        self.prefill_tokens = 0
+        self.decode_seq_steps = 0
+        self.admitted = 0
         self.finished_requests = 0
 
     # ---- arrivals and departures ---------------------------------------------------
@@ -541,6 +545,9 @@ class EngineModel:
         self._clock = end
         self._steps += 1
         self.busy_seconds += seconds
+        self.prefill_tokens += prefill
+        self.decode_seq_steps += decode
+        self.admitted += admitted
         # its outcome
         tokens: dict[str, int] = {}
         first: list[str] = []
@@ -722,6 +729,7 @@ class EngineModel:
         self._steps += k
         self._clock = end
         self.busy_seconds += seconds
+        self.decode_seq_steps += k * d
         self.generated_tokens += k * d
         if self.planner is not None:
             self.planner.step_done(end, steps=k)
@@ -748,6 +756,9 @@ class EngineModel:
             "steps": float(self._steps),
             "generated_tokens": float(self.generated_tokens),
             "busy_seconds": self.busy_seconds,
+            "prefill_tokens": float(self.prefill_tokens),
+            "decode_seq_steps": float(self.decode_seq_steps),
+            "new_requests": float(self.admitted),
             "finished_requests": float(self.finished_requests),
         }
 

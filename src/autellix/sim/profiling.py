@@ -233,3 +233,43 @@ def build_profile(measured: Sequence[Measured], base: EngineProfile, *, engine: 
                       "repeat": m.repeat, "ttft_s": [round(t[0], 5) for t in m.times],
                       "generation_s": [round(t[1], 5) for t in m.times]} for m in measured],
     }
+
+
+def samples_from_steps(steps: Sequence[dict[str, float]], window: int = 32) -> list[StepSample]:
+    """A step trace's steps (``autellix.engine.step_trace``) as fitting samples:
+    each run of ``window`` consecutive steps summed into one (a single CPU step
+    of a millisecond or two is mostly scheduler noise; their sums are not), cut
+    where the engine went idle, since an idle gap is no step's."""
+    from autellix.engine.step_trace import step_cycles
+
+    samples: list[StepSample] = []
+    chunk: list[tuple[dict[str, float], float]] = []
+
+    def close() -> None:
+        if chunk:
+            samples.append(StepSample(
+                prefill_tokens=sum(s["prefill_tokens"] for s, _ in chunk),
+                decode_seqs=sum(s["decode_seqs"] for s, _ in chunk),
+                kv_tokens=sum(s["kv_tokens"] for s, _ in chunk),
+                seconds=sum(c for _, c in chunk), steps=float(len(chunk)),
+                new_requests=sum(s["new_requests"] for s, _ in chunk)))
+            chunk.clear()
+
+    for step, cycle in zip(steps, step_cycles(list(steps)), strict=True):
+        chunk.append((step, cycle))
+        if step["idle"] or len(chunk) >= window:
+            close()
+    close()
+    return samples
+
+
+def profile_from_steps(traces: Sequence[Sequence[dict[str, float]]], base: EngineProfile, *,
+                       window: int = 32) -> tuple[EngineProfile, Fit]:
+    """``base`` with the step cost fitted to an engine's own steps under load
+    (``autellix bench sweep --trace-steps``), rather than to client-side timings
+    of controlled batches (``fit_profile``): the time between ``schedule()``
+    calls is exactly what the simulator's step stands for. The way in and out
+    of a call is not in any step, so ``base``'s ``call_overhead`` is kept."""
+    samples = [s for steps in traces for s in samples_from_steps(steps, window)]
+    fit = fit_step_cost(samples)
+    return base.with_overrides(cost=fit.cost), fit

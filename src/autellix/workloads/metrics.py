@@ -83,6 +83,15 @@ def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
 
 
 
+def per_program(result: RunResult) -> list[dict[str, Any]]:
+    """Each program's own figures, in arrival order: which programs make a
+    run's mean and its tail (a report's rounds can then be set program by
+    program beside each other, or beside the simulator's)."""
+    return [{"program": p.program_id, "workload": p.workload, "token_latency": p.token_latency, "tokens": p.tokens,
+             "calls": p.calls, "seconds": p.finish - p.arrival, "error": p.error}
+            for p in sorted(result.programs, key=lambda p: p.arrival)]
+
+
 def summarize(result: RunResult) -> dict[str, Any]:
     done = [p for p in result.programs if p.error is None]
     latencies = [p.token_latency for p in done]
