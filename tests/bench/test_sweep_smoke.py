@@ -67,6 +67,11 @@ def test_rounds_on_a_kept_stack_run_programs_through_the_gateway(tmp_path: Path,
         steps = row["engine_steps"]
         assert steps["new_requests"] >= row["calls"] and steps["decode_seq_steps"] > 0
         assert 0 < steps["model_seconds"] < steps["busy_seconds"] < row["programs"] / row["programs_per_s"]
+        # where the CPU went during the run: every part of the stack, and this client, used some
+        cpu = row["cpu_seconds"]
+        assert {"client", "gateway", "api_server", "engine_core", "worker"} <= set(cpu)
+        assert all(cpu[role] > 0 for role in ("client", "gateway", "api_server", "engine_core", "worker")), cpu
+        assert cpu["worker"] >= steps["model_seconds"] * 0.5  # the model's steps ran in the worker
     # the same programs again on the kept engine: as many prefix-cache hits as the first time, because each
     # run starts on an emptied cache (kept, it would have held the whole first round's prompts)
     assert rows[1]["prefix_cache_hit_rate"] == pytest.approx(rows[0]["prefix_cache_hit_rate"], abs=0.02)

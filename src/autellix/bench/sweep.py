@@ -18,6 +18,10 @@ With ``trace_steps`` (``--trace-steps``) every engine records its steps
 through ``TracedScheduler``, which only records) and each run's result gains
 ``engine_steps``: what its steps held and took, as the simulator reports them.
 
+Every run's result has ``cpu_seconds``: the CPU that this client and each
+process of the stacks (by role: ``autellix.engine.cores.process_role``) used
+during the run, so that a run on shared cores says what it shared them with.
+
 The engines are made to saturate at rates this machine's client can drive
 (``ENGINE_SETTINGS``): for the light workloads (sharegpt, bfcl) few running
 sequences, a small token budget and eager mode; for the heavy ones (lats,
@@ -42,7 +46,7 @@ from typing import Any
 from autellix.bench.runner import run_programs
 from autellix.child_processes import free_port, gateway_process
 from autellix.core import SchedulerConfig
-from autellix.engine.cores import CoreSplit, engine_cores_isolated
+from autellix.engine.cores import CoreSplit, cpu_seconds_by_role, cpu_used, engine_cores_isolated
 from autellix.engine.launch import (
     SERVED_MODEL,
     TRACED_SCHEDULER_CLS,
@@ -279,10 +283,12 @@ class _RateRunner:
         count = self.programs or self.settings.programs_at(rate)
         batch = make_programs(self.workload, count, seed=self.seed + index, calibration=self.calibration)
         started = time.monotonic()
+        cpu_before = cpu_seconds_by_role()
         run = asyncio.run(run_programs(target, batch, rate=rate, seed=self.seed + index, model=SERVED_MODEL,
                                        engines=[engine], stream=self.stream, client_priority=system.client_priority,
                                        reply_tokens=REPLY_TOKEN_IDS))
-        summary = summarize(run) | {"per_program": per_program(run)}
+        summary = summarize(run) | {"per_program": per_program(run),
+                                    "cpu_seconds": cpu_used(cpu_before, cpu_seconds_by_role())}
         if trace is not None:
             summary["engine_steps"] = summarize_steps(run_steps(trace, run.started, run.ended)) | {
                 "trace": str(trace), "window": [run.started, run.ended]}

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import psutil
 
 #: vLLM names its model-worker processes so (``setproctitle``).
 WORKER_TITLE = "VLLM::Worker"
+#: ... and its engine-core processes so.
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,43 @@ def engine_cores_isolated() -> Iterator[CoreSplit | None]:
         for thread in _threads(psutil.Process()):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(thread, cores)
+
+
+def process_role(title: str, cmdline: Sequence[str]) -> str:
+    """What a process of a local stack is, for CPU accounting: ``worker`` (the
+    model), ``engine_core`` (vLLM's scheduler loop, the Autellix plugin's
+    included), ``api_server`` (vLLM's HTTP front), ``gateway``, or ``other``."""
+    if title.startswith(WORKER_TITLE):
+        return "worker"
+    if title.startswith(ENGINE_CORE_TITLE):
+        return "engine_core"
+    if "vllm.entrypoints.openai.api_server" in cmdline:
+        return "api_server"
+    if "gateway" in cmdline:  # ``autellix gateway`` (``autellix.child_processes.gateway_process``)
+        return "gateway"
+    return "other"
+
+
+def cpu_seconds_by_role() -> dict[str, float]:
+    """CPU seconds (user and system) used so far by this process (``client``:
+    in a benchmark, the load generator) and each of its descendants, summed by
+    ``process_role``. Two of these taken around a run say where the CPU went;
+    a process that starts or ends between them is counted from zero or not at all."""
+    me = psutil.Process()
+    totals: dict[str, float] = {}
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            role = "client" if process.pid == me.pid else process_role(_title(process), process.cmdline())
+        except psutil.Error:  # it ended meanwhile
+            continue
+        totals[role] = totals.get(role, 0.0) + times.user + times.system
+    return totals
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by role between two ``cpu_seconds_by_role``, rounded to 10 ms."""
+    return {role: round(seconds - before.get(role, 0.0), 2) for role, seconds in sorted(after.items())}
 
 
 def _title(process: psutil.Process) -> str:
