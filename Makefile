@@ -35,21 +35,27 @@ test: lint
 up: $(VENV)/.dev
 	$(BIN)/autellix up
 
-# The three images the chart runs (docs/deploy.md), tagged with the chart's appVersion:
-# `make images REGISTRY=registry.example.com/team`, then `make push` (needs Docker).
+# The three images the chart runs (docs/deploy.md), tagged with the chart's appVersion, built FROM a
+# Debian base that images/base.py bootstraps from Debian's packages (nothing pulled from a registry;
+# docs/images.md): `make images` as root (podman; BUILDER=docker works too), then
+# `make push REGISTRY=registry.example.com/team`. IMAGE_BUILD_FLAGS: images/build.py's, e.g. --no-cache.
 REGISTRY ?= ghcr.io/autellix
 VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/autellix/Chart.yaml)
+BUILDER ?= podman
+IMAGE_BUILD_FLAGS ?=
 IMAGES := $(REGISTRY)/autellix-gateway:$(VERSION) $(REGISTRY)/autellix-operator:$(VERSION) \
 	$(REGISTRY)/autellix-engine:$(VERSION)
+BUILD_IMAGE = nice -n 10 $(PYTHON) images/build.py --builder $(BUILDER) $(IMAGE_BUILD_FLAGS)
 
 .PHONY: images push
 images:
-	docker build -f gateway/Dockerfile -t $(REGISTRY)/autellix-gateway:$(VERSION) .
-	docker build -f operator/Dockerfile -t $(REGISTRY)/autellix-operator:$(VERSION) .
-	docker build -f engine-image/Dockerfile -t $(REGISTRY)/autellix-engine:$(VERSION) .
+	nice -n 10 $(PYTHON) images/base.py --builder $(BUILDER)
+	$(BUILD_IMAGE) gateway/Dockerfile $(REGISTRY)/autellix-gateway:$(VERSION)
+	$(BUILD_IMAGE) operator/Dockerfile $(REGISTRY)/autellix-operator:$(VERSION)
+	$(BUILD_IMAGE) engine-image/Dockerfile $(REGISTRY)/autellix-engine:$(VERSION)
 
 push: images
-	for image in $(IMAGES); do docker push $$image; done
+	for image in $(IMAGES); do $(BUILDER) push $$image; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

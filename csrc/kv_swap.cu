@@ -1,4 +1,4 @@
-// Batched KV-cache gather/scatter for swapping preempted requests (Autellix, issue 8).
+// Batched KV-cache gather/scatter for swapping preempted requests (Autellix).
 //
 // vLLM keeps one paged KV tensor per attention layer. Viewed as
 // (outer, num_blocks, inner) -- outer = 1 for block-first layouts, 2 for
@@ -99,7 +99,7 @@ extern "C" const char* autellix_cuda_error_string(int error) {
   return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
-// ---- baselines for bench/kv_swap.py -------------------------------------------------
+// ---- baselines for experiments/kv_swap_cost.py -------------------------------------------------
 // The same move without the kernel, straight between the paged cache and the
 // host rows: one cudaMemcpyAsync per segment (block x layer x K/V: what a
 // per-block swap issues), or all segments in one cudaMemcpyBatchAsync call

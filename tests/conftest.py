@@ -8,12 +8,19 @@ from pathlib import Path
 import pytest
 
 from autellix.engine.launch import EngineProcess, stop_engine, wait_ready
-from tests.live import start_test_engine
+from tests.live import engines, start_test_engine
 
 
 @pytest.fixture(scope="session")
 def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture(scope="session")
+def two_engines(engine_logs: Path) -> Iterator[list[EngineProcess]]:
+    """Two tiny-model engines with Autellix's scheduler, shared by every test that asks (gateway, picker, mesh)."""
+    with engines(2, engine_logs) as started:
+        yield started
 
 
 @pytest.fixture(scope="session")

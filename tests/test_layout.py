@@ -26,7 +26,8 @@ def package(module: str) -> str:
 
 
 def imports(tree: ast.AST) -> Iterator[str]:
-    """Absolute module names imported anywhere in the tree, except under TYPE_CHECKING."""
+    """Absolute module names imported anywhere in the tree, except under TYPE_CHECKING; ``from P import m``
+    yields ``P.m`` as well as ``P`` (``m`` may be a module of package ``P``)."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             yield from (name for child in node.orelse for name in imports(child))
@@ -35,6 +36,7 @@ def imports(tree: ast.AST) -> Iterator[str]:
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
         yield from imports(node)
 
 
@@ -72,6 +74,22 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
                               for n in nodes} if len(comp) > 1]
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (a package's ``__init__`` is the package's name). A module's
+    import of its own package's ``__init__`` is not an edge: the package runs before its modules do."""
+    modules = module_imports()
+    return {module: {m for m in imported if m in modules and m != module and not module.startswith(m + ".")}
+            for module, imported in modules.items()}
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Within a package too: two modules that import each other (at any depth, even inside a function)
+    are one module in two files, or a missing third."""
+    graph = module_graph()
+    found = [sorted(c) for c in cycles(graph)]
+    assert not found, f"import cycles between modules: {found}"
+
+
 def test_no_import_cycle_between_packages() -> None:
     found = cycles(package_graph())
     unexpected = [sorted(c) for c in found if not any(c <= known for known in KNOWN_CYCLES)]
@@ -81,7 +99,7 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_gateway_imports_nothing_from_the_simulator_or_the_benchmark() -> None:
     graph = package_graph()
     for adapter in ("gateway", "control", "backends"):
-        assert not reachable(graph, adapter) & {"sim", "bench", "cli", "kube", "launcher", "engine", "mesh"}, (
+        assert not reachable(graph, adapter) & {"sim", "loadgen", "cli", "kube", "launcher", "engine", "mesh"}, (
             adapter, sorted(reachable(graph, adapter)))
 
 
@@ -94,8 +112,9 @@ def test_the_layers_run_one_way() -> None:
     assert graph.get("control", set()) <= {"protocol", "core", "stats", "backends"}
     assert "gateway" not in reachable(graph, "kube"), "the operator reaches the gateway only over HTTP"
     # the agent programs and a run's metrics serve the benchmark and the simulator alike
-    assert not reachable(graph, "workloads") & {"sim", "bench", "gateway", "cli"}, sorted(reachable(graph, "workloads"))
-    assert "bench" not in reachable(graph, "sim"), "the simulator runs the workloads, not the benchmark"
+    workloads_reach = reachable(graph, "workloads")
+    assert not workloads_reach & {"sim", "loadgen", "gateway", "cli"}, sorted(workloads_reach)
+    assert "loadgen" not in reachable(graph, "sim"), "the simulator runs the workloads, not the benchmark"
     assert not [p for p, targets in graph.items() if "cli" in targets and p != "__main__"], "nothing imports the CLI"
 
 

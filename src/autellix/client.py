@@ -7,8 +7,13 @@
 The session is opened on entry and ended on exit, also when the body raises,
 as the paper's frontend does. ``async_session`` is the same for asyncio. The
 ``openai`` client it gives back sends ``X-Autellix-Session`` on every call;
-``thread=`` tags the calls of one thread (``X-Autellix-Thread``). Session calls
-go through the same ``openai`` client, so its auth, retries and proxies apply.
+``thread=`` tags the calls of one thread (``X-Autellix-Thread``); ``parent=``
+opens the session as a subagent of another (a session id: the gateway ranks
+parent and subagents as one program). Session calls go through the same
+``openai`` client, so its auth, retries and proxies apply.
+
+    with session(url) as lead, session(url, parent=lead.id) as helper:
+        ...
 """
 
 from __future__ import annotations
@@ -44,11 +49,15 @@ class Session:
     openai: Any
 
 
+def _open_body(parent: str | None) -> dict[str, str]:
+    return {"parent": parent} if parent is not None else {}
+
+
 @contextmanager
-def session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
+def session(base_url: str, *, api_key: str | None = None, thread: str | None = None, parent: str | None = None,
             **openai_kwargs: Any) -> Iterator[Session]:
     with openai.OpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
-        sid = bare.post(_under_v1(SESSIONS_PATH), cast_to=object)["id"]
+        sid = bare.post(_under_v1(SESSIONS_PATH), body=_open_body(parent), cast_to=object)["id"]
         try:
             yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
         finally:
@@ -57,9 +66,9 @@ def session(base_url: str, *, api_key: str | None = None, thread: str | None = N
 
 @asynccontextmanager
 async def async_session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
-                        **openai_kwargs: Any) -> AsyncIterator[Session]:
+                        parent: str | None = None, **openai_kwargs: Any) -> AsyncIterator[Session]:
     async with openai.AsyncOpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
-        sid = (await bare.post(_under_v1(SESSIONS_PATH), cast_to=object))["id"]
+        sid = (await bare.post(_under_v1(SESSIONS_PATH), body=_open_body(parent), cast_to=object))["id"]
         try:
             yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
         finally:

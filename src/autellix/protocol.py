@@ -17,6 +17,7 @@ side moves together.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -28,15 +29,48 @@ from urllib.parse import quote
 SESSION_HEADER = "X-Autellix-Session"
 #: Names the thread of the program the call belongs to (ATLAS's critical path).
 THREAD_HEADER = "X-Autellix-Thread"
-#: Agent frameworks that already carry a session id (Claude Code, Codex-style
-#: clients, ...): the gateway opens an implicit session on first use.
-IMPLICIT_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id", "session-id")
+#: Session ids that agent clients send by themselves, most specific first: the first present names
+#: the call's program, an implicit session opened on first use (whose header each is: docs/agents.md).
+AGENT_SESSION_HEADERS = (
+    "x-dynamo-session-id",        # NVIDIA Dynamo's, for clients that set one explicitly
+    "x-claude-code-session-id",   # Claude Code
+    "x-session-affinity",         # OpenCode (and llm-d's agent-identity plugin)
+    "x-session-id",               # OpenCode, and common to many gateways
+    "session-id",                 # Codex CLI
+    "session_id",                 # Codex CLI before 0.131
+    "agent-session-id",           # Goose
+)
+#: Flow ids of Gateway API Inference Extension gateways (GIE's, llm-d's two spellings): a program's id
+#: when no session header names one.
+FAIRNESS_ID_HEADERS = ("x-gateway-inference-fairness-id", "x-llm-d-router-inference-fairness-id",
+                       "x-llm-d-inference-fairness-id")
+#: Every header that names an implicit session, in precedence order.
+IMPLICIT_SESSION_HEADERS = AGENT_SESSION_HEADERS + FAIRNESS_ID_HEADERS
+#: Names the program that spawned this call's program (a subagent's parent): a session id, as in
+#: ``SESSION_HEADER``. Read when the subagent's program is opened.
+PARENT_HEADER = "X-Autellix-Parent"
+#: Agent clients' own parent links: the parent's implicit session id (NVIDIA Dynamo's, OpenCode's).
+AGENT_PARENT_HEADERS = ("x-dynamo-parent-session-id", "x-parent-session-id")
+#: Claude Code's subagents keep the root's session header and add their own agent id and their
+#: spawner's: each subagent is a program of its own, a subagent of its spawner (or of the root).
+CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
+CLAUDE_CODE_AGENT_HEADER = "x-claude-code-agent-id"
+CLAUDE_CODE_PARENT_AGENT_HEADER = "x-claude-code-parent-agent-id"
 #: Longest session or thread id accepted in a header.
 MAX_ID_LENGTH = 256
 
 # ---- the gateway's own routes ---------------------------------------------------------
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+#: OpenAI's Responses API: create; retrieve and delete one (``RESPONSE_ROUTE``); cancel a background one.
+RESPONSES_PATH = "/v1/responses"
+RESPONSE_ROUTE = RESPONSES_PATH + "/{response_id}"
+RESPONSE_CANCEL_ROUTE = RESPONSE_ROUTE + "/cancel"
+#: Anthropic's Messages API, and its token count.
+MESSAGES_PATH = "/v1/messages"
+MESSAGES_COUNT_TOKENS_PATH = MESSAGES_PATH + "/count_tokens"
+#: Every route that runs a model call (a program's call: counted, ranked, charged).
+CALL_PATHS = (CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH)
 MODELS_PATH = "/v1/models"
 SESSIONS_PATH = "/v1/sessions"
 #: ``GET``/``DELETE`` one session: ``SESSIONS_PATH + "/" + id``.
@@ -111,12 +145,26 @@ FEEDBACK_MAX_WAIT_S = 5.0
 #: engines share (``ENGINE_TOKEN_ENV`` on both sides; a Secret in the chart).
 ENGINE_TOKEN_HEADER = "X-Autellix-Engine-Token"
 ENGINE_TOKEN_ENV = "AUTELLIX_ENGINE_TOKEN"
+#: The record in the answer, saving the gateway a second request per call: a call
+#: sent with ``CALL_HEADER`` (the gateway's call id) gets its record as the
+#: answer's ``RECORD_HEADER`` (the record's JSON, ASCII) when the record is in by
+#: the time the answer's headers go out. That is nearly every whole call; a stream's
+#: headers go out before its first token, so a stream's record is read from
+#: ``FEEDBACK_CALLS_PATH`` as before, as is any record that came in late.
+CALL_HEADER = "X-Autellix-Call"
+RECORD_HEADER = "X-Autellix-Record"
 
 
 #: ``GET FEEDBACK_PROGRAMS_PATH + quoted program id``: the engine's tally of one program
 #: (``ProgramService``); 404 when no call of it finished on this engine.
 FEEDBACK_PROGRAMS_PATH = FEEDBACK_PREFIX + "programs/"
 FEEDBACK_PROGRAM_ROUTE = FEEDBACK_PROGRAMS_PATH + "{program_id}"
+
+
+def record_header_value(record: Mapping[str, Any]) -> str:
+    """A call record as ``RECORD_HEADER``'s value: its JSON in ASCII (a program id may hold
+    any character, a header value only Latin-1)."""
+    return json.dumps(record, separators=(",", ":"))
 
 
 def feedback_call_path(call_id: str) -> str:
@@ -201,27 +249,83 @@ class ProgramService:
 class APIError(Exception):
     """An OpenAI-style error, ``{"error": {"message", "type", "code", "param"}}``
     with an HTTP status. Raised before any state changes, so a rejected request
-    leaves the program state as it found it; a transport turns it into its answer."""
+    leaves the program state as it found it; a transport turns it into its answer.
+    ``retry_after``: seconds to wait before trying again (a ``Retry-After`` value), when known."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None) -> None:
+                 code: str | None = None, param: str | None = None, retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self._retry_after = retry_after
+
+    @property
+    def retry_after(self) -> str | None:
+        return self._retry_after
 
     def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
 
 __all__ = [
-    "ADMIN_CALLS_PATH", "ADMIN_DRAIN_PATH", "ADMIN_ENGINES_PATH", "ADMIN_SESSIONS_PATH", "ADMIN_SESSION_ROUTE",
-    "ADMIN_UNDRAIN_PATH", "CALL_RECORD_FIELDS",
-    "CHAT_COMPLETIONS_PATH", "COMPLETIONS_PATH", "ENGINE_TOKEN_ENV", "ENGINE_TOKEN_HEADER",
-    "FEEDBACK_CALLS_PATH", "FEEDBACK_CALL_ROUTE",
-    "FEEDBACK_INFO_PATH", "FEEDBACK_MAX_WAIT_S", "FEEDBACK_PREFIX", "FEEDBACK_PROGRAMS_PATH", "FEEDBACK_PROGRAM_ROUTE",
-    "FEEDBACK_WAIT_PARAM", "HEALTH_PATH",
-    "IMPLICIT_SESSION_HEADERS", "MAX_ID_LENGTH", "METRICS_PATH", "MODELS_PATH", "PRIORITY_FIELD", "READY_PATH",
-    "SESSIONS_PATH", "SESSION_HEADER", "SESSION_OBJECT", "SESSION_ROUTE", "THREAD_HEADER", "XARGS_FIELD",
-    "XARG_CALL", "XARG_KEYS", "XARG_PROGRAM", "XARG_SERVICE", "XARG_THREAD", "XARG_WAIT", "APIError",
-    "CallRecord", "ProgramService", "SchedulingFields", "feedback_call_path", "feedback_program_path",
+    "ADMIN_CALLS_PATH",
+    "ADMIN_DRAIN_PATH",
+    "ADMIN_ENGINES_PATH",
+    "ADMIN_SESSIONS_PATH",
+    "ADMIN_SESSION_ROUTE",
+    "ADMIN_UNDRAIN_PATH",
+    "AGENT_PARENT_HEADERS",
+    "AGENT_SESSION_HEADERS",
+    "CALL_HEADER",
+    "CALL_PATHS",
+    "CALL_RECORD_FIELDS",
+    "CHAT_COMPLETIONS_PATH",
+    "CLAUDE_CODE_AGENT_HEADER",
+    "CLAUDE_CODE_PARENT_AGENT_HEADER",
+    "CLAUDE_CODE_SESSION_HEADER",
+    "COMPLETIONS_PATH",
+    "ENGINE_TOKEN_ENV",
+    "ENGINE_TOKEN_HEADER",
+    "FAIRNESS_ID_HEADERS",
+    "FEEDBACK_CALLS_PATH",
+    "FEEDBACK_CALL_ROUTE",
+    "FEEDBACK_INFO_PATH",
+    "FEEDBACK_MAX_WAIT_S",
+    "FEEDBACK_PREFIX",
+    "FEEDBACK_PROGRAMS_PATH",
+    "FEEDBACK_PROGRAM_ROUTE",
+    "FEEDBACK_WAIT_PARAM",
+    "HEALTH_PATH",
+    "IMPLICIT_SESSION_HEADERS",
+    "MAX_ID_LENGTH",
+    "MESSAGES_COUNT_TOKENS_PATH",
+    "MESSAGES_PATH",
+    "METRICS_PATH",
+    "MODELS_PATH",
+    "PARENT_HEADER",
+    "PRIORITY_FIELD",
+    "READY_PATH",
+    "RECORD_HEADER",
+    "RESPONSES_PATH",
+    "RESPONSE_CANCEL_ROUTE",
+    "RESPONSE_ROUTE",
+    "SESSIONS_PATH",
+    "SESSION_HEADER",
+    "SESSION_OBJECT",
+    "SESSION_ROUTE",
+    "THREAD_HEADER",
+    "XARGS_FIELD",
+    "XARG_CALL",
+    "XARG_KEYS",
+    "XARG_PROGRAM",
+    "XARG_SERVICE",
+    "XARG_THREAD",
+    "XARG_WAIT",
+    "APIError",
+    "CallRecord",
+    "ProgramService",
+    "SchedulingFields",
+    "feedback_call_path",
+    "feedback_program_path",
+    "record_header_value",
     "session_path",
 ]

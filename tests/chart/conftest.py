@@ -1,4 +1,4 @@
-"""The helm binary for the chart tests (fetched on first use, see helm_binary.py)."""
+"""The helm binary for the chart tests (fetched on first use, see kube_binaries.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.helm_binary import HelmUnavailable, find_helm
+from tests.chart.kube_binaries import BinaryUnavailable, find_helm
 
 
 @pytest.fixture(scope="session")
 def helm_path() -> Path:
     try:
         return find_helm()
-    except HelmUnavailable as exc:
+    except BinaryUnavailable as exc:
         pytest.skip(f"no helm binary: {exc}")

@@ -28,7 +28,7 @@ from autellix.gateway.metrics import GatewayMetrics
 from autellix.kube.manifests import engine_deployment
 from autellix.kube.rbac import OPERATOR_RULES
 from autellix.kube.spec import DEFAULT_ENGINE_IMAGE, parse_engine
-from tests.chart.helm_binary import helm_env
+from tests.chart.kube_binaries import helm_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "autellix"
@@ -65,6 +65,9 @@ VALUE_SETS: dict[str, list[str]] = {
     # ... on an external store whose URL is in a Secret.
     "mesh-external-store": ["--set", "mesh.enabled=true", "--set", "gateway.replicas=2",
                             "--set", "store.urlSecret.name=redis-url", "--set", "mesh.envoy.replicas=3"],
+    # The chart's Valkey on a claim (append-only file); the key Secrets go with the release.
+    "store-persistence": ["--set", "store.persistence.enabled=true", "--set", "store.persistence.size=20Gi",
+                          "--set", "store.persistence.storageClass=fast", "--set", "auth.keepOnUninstall=false"],
     # One gateway replica, nothing in front and no store: its programs live in its memory.
     "single-gateway": ["--set", "mesh.enabled=false", "--set", "gateway.replicas=1", "--set", "store.deploy=false"],
     # ... and no operator either.
@@ -159,6 +162,8 @@ def test_every_rendered_manifest_validates(render: Callable[[str], list[dict[str
         if doc["kind"] == "AutellixEngine":
             check_engine(doc, version)
             continue
+        if doc["kind"].startswith("ValidatingAdmissionPolicy") and version < "1.30":
+            continue  # rendered only where the API is GA (1.30+): helm template renders for its 1.35
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -356,11 +361,13 @@ def expected_rules(scope: str) -> set[tuple[str, str, str]]:
             for resource in rule.resources for verb in rule.verbs}
 
 
-@pytest.mark.parametrize(("value_set", "served_in"), [("defaults", None), ("autoscaling", ["team-a", "team-b"])])
+@pytest.mark.parametrize(("value_set", "served_in"), [("defaults", [NAMESPACE]),
+                                                     ("autoscaling", [NAMESPACE, "team-a", "team-b"])])
 def test_operator_rbac_is_exactly_what_its_code_uses(render: Callable[[str], list[dict[str, Any]]], value_set: str,
-                                                     served_in: list[str] | None) -> None:
+                                                     served_in: list[str]) -> None:
     """The roles grant the rules of autellix.kube.rbac (which tests/kube/test_rbac.py holds to the requests
-    the operator makes): a ClusterRole when it serves the whole cluster, else a Role per namespace."""
+    the operator makes): a Role in the release namespace and each of operator.namespaces, never a
+    ClusterRole for what writes; cluster-wide only the CRDs, read."""
     docs = render(value_set)
     account = one(docs, "ServiceAccount", "-operator")["metadata"]
     subject = [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
@@ -372,21 +379,53 @@ def test_operator_rbac_is_exactly_what_its_code_uses(render: Callable[[str], lis
     assert set(roles) == set(bindings)
     for key, binding in bindings.items():
         assert binding["subjects"] == subject and binding["roleRef"]["kind"] == key[0]
-    served = {k: v for k, v in roles.items() if not k[2].endswith(("-crds", "-leader"))}
-    if served_in is None:
-        assert [k[0] for k in served] == ["ClusterRole"]
-        assert next(iter(served))[2].startswith(f"{NAMESPACE}-")  # cluster-scoped: one per release namespace
-    else:
-        assert sorted((k[0], k[1]) for k in served) == [("Role", ns) for ns in served_in]
+    served = {k: v for k, v in roles.items() if not k[2].endswith(("-crds", "-release"))}
+    assert sorted((k[0], k[1]) for k in served) == [("Role", ns) for ns in sorted(served_in)]
     for role in served.values():
         assert rules_of(role) == expected_rules("served")
     (crds,) = [v for k, v in roles.items() if k[2].endswith("-crds")]
     assert crds["kind"] == "ClusterRole" and rules_of(crds) == expected_rules("cluster")
-    (leader,) = [v for k, v in roles.items() if k[2].endswith("-leader")]
-    assert (leader["kind"], leader["metadata"]["namespace"]) == ("Role", NAMESPACE)
-    assert rules_of(leader) == expected_rules("release")
+    assert crds["metadata"]["name"].startswith(f"{NAMESPACE}-")  # cluster-scoped: one per release namespace
+    assert {verb for verb, _, _ in rules_of(crds)} <= {"get", "list", "watch"}
+    (release,) = [v for k, v in roles.items() if k[2].endswith("-release")]
+    assert (release["kind"], release["metadata"]["namespace"]) == ("Role", NAMESPACE)
+    assert rules_of(release) == expected_rules("release")
     for role in roles.values():
         assert not {"*", "delete"} & {v for rule in role["rules"] for v in rule["verbs"]}
+    # the rules on the chart's own objects name them: the operator's Lease, and nothing else of its kind
+    lease = one(docs, "Lease", "-operator")
+    assert (lease["metadata"]["namespace"], "spec" in lease) == (NAMESPACE, False)  # its spec is the replicas'
+    named = [rule for rule in release["rules"] if "resourceNames" in rule]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [lease["metadata"]["name"]], "verbs": ["get", "update"]}]
+    assert [(r.group, r.resources) for r in OPERATOR_RULES if r.chart_object] == [("coordination.k8s.io",
+                                                                                   ("leases",))]
+    args = container(docs, "operator")["args"]
+    assert f"--leader-lease={NAMESPACE}/{lease['metadata']['name']}" in args
+    assert sorted(a.split("=", 1)[1] for a in args if a.startswith("--namespace=")) == sorted(served_in)
+
+
+def test_admission_holds_the_operators_writes_to_its_own_children(
+        render: Callable[[str], list[dict[str, Any]]]) -> None:
+    """Every kind the operator may create or patch besides its own resources and Events is matched by its
+    ValidatingAdmissionPolicy, for the operator's service account alone (the CEL itself is checked by a real
+    API server: tests/cluster)."""
+    docs = render("defaults")
+    policy = one(docs, "ValidatingAdmissionPolicy", "-operator-writes")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "-operator-writes")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    account = one(docs, "ServiceAccount", "-operator")["metadata"]["name"]
+    [condition] = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{account}'"
+    matched = {(group, resource, operation) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+               for group in rule["apiGroups"] for resource in rule["resources"] for operation in rule["operations"]}
+    verbs = {"create": "CREATE", "patch": "UPDATE", "update": "UPDATE"}
+    writes = {(rule.group, resource, verbs[verb]) for rule in OPERATOR_RULES if rule.scope == "served"
+              and rule.group != "autellix.ai" for resource in rule.resources if resource != "events"
+              for verb in rule.verbs if verb in verbs}
+    assert writes and writes <= matched, writes - matched
+    assert ("", "pods", "CREATE") not in writes  # pods: annotated, never made
 
 
 def test_operator_runs_two_replicas_with_leader_election(render: Callable[[str], list[dict[str, Any]]]) -> None:
@@ -452,9 +491,10 @@ def image_user() -> int:
 def test_images_run_the_command_the_chart_configures(name: str) -> None:
     text = dockerfile(name)
     assert f'ENTRYPOINT ["autellix", "{name}"]' in text
-    # kube: discovery / kopf; store: the gateway's --store (Redis); xds: the operator's --xds-port
-    extra = {"gateway": "store", "operator": "xds"}[name]
-    assert re.search(rf"pip install .*\[kube,{extra}\]", text)
+    # kube: discovery / kopf; store: the gateway's --store (Redis); epp: the same image runs `autellix epp`
+    # (the operator's pickers); xds: the operator's --xds-port
+    extras = {"gateway": "store,epp", "operator": "xds"}[name]
+    assert re.search(rf"pip install .*\[kube,{extras}\]", text)
     assert not (ROOT / "operator" / "__init__.py").exists()  # would shadow Python's operator module
 
 
@@ -589,6 +629,9 @@ def test_keys_and_the_engine_token_are_generated_unless_given(render: Callable[[
         assert len(value) == 48 and value.isalnum()
         assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert not [d for d in render("own-secrets-open-network") if d["kind"] == "Secret"]
+    # auth.keepOnUninstall=false: the generated Secrets go with the release
+    going = [d for d in render("store-persistence") if d["kind"] == "Secret"]
+    assert len(going) == 3 and not [d for d in going if "helm.sh/resource-policy" in d["metadata"]["annotations"]]
 
 
 def test_gateway_reads_keys_from_the_secrets_and_the_operator_uses_the_admin_listener(

@@ -1,4 +1,4 @@
-"""The chart's Envoy, xDS Service, gateway replicas (HPA, PDBs) and shared store (issue 17), rendered by
+"""The chart's Envoy, xDS Service, gateway replicas (HPA, PDBs) and shared store, rendered by
 real helm (the value sets ``mesh`` and ``mesh-external-store`` of ``test_chart.py``, which also validates
 every manifest of them with kubernetes-validate --strict)."""
 
@@ -59,9 +59,31 @@ def test_envoy_is_the_endpoint_and_the_operator_serves_its_xds(render: Render) -
     assert args["--xds-namespace"] == NAMESPACE and args["--xds-listen-port"] == "8000"
     assert {a.split("=", 1)[0] for a in op["args"]} <= command_options("operator")
     # the operator's Role in the release namespace lets it watch the gateway Service's EndpointSlices
-    leader = one(docs, "Role", "-operator-leader")
+    release = one(docs, "Role", "-operator-release")
     assert {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]} \
-        in leader["rules"]
+        in release["rules"]
+
+
+def test_the_operator_xds_listens_on_its_pod_ip_for_envoy_only(render: Render) -> None:
+    """xDS on the pod's IP (the Service's target), not every interface; a NetworkPolicy admits Envoy's pods
+    on that port and nothing else to the operator."""
+    docs = render("mesh")
+    op = container(docs, "operator")
+    assert "--xds-host=$(POD_IP)" in op["args"]  # the kubelet expands it from the env below
+    env = {e["name"]: e for e in op["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    policy = one(docs, "NetworkPolicy", "-operator")
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], one(docs, "Deployment", "-operator"))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 18000, "protocol": "TCP"}]
+    [peer] = rule["from"]
+    assert selects(peer["podSelector"]["matchLabels"], one(docs, "Deployment", "-envoy"))
+    assert not selects(peer["podSelector"]["matchLabels"], one(docs, "Deployment", "-gateway"))
+    # without the mesh the operator serves no port but the kubelet's probe: nothing may reach it
+    alone = render("single-gateway")
+    assert one(alone, "NetworkPolicy", "-operator")["spec"]["ingress"] == []
+    assert "POD_IP" not in {e["name"] for e in container(alone, "operator")["env"]}
 
 
 def test_gateway_replicas_share_the_chart_store_and_scale_with_an_hpa(render: Render) -> None:
@@ -94,6 +116,22 @@ def test_gateway_replicas_share_the_chart_store_and_scale_with_an_hpa(render: Re
         budget = one(docs, "PodDisruptionBudget", f"-{component}")
         assert budget["spec"]["maxUnavailable"] == 1
         assert selects(budget["spec"]["selector"]["matchLabels"], one(docs, "Deployment", f"-{component}"))
+
+
+def test_the_charts_store_persists_on_a_claim_when_asked(render: Render) -> None:
+    docs = render("store-persistence")
+    claim = one(docs, "PersistentVolumeClaim", "-store")
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                             "resources": {"requests": {"storage": "20Gi"}}}
+    pod = one(docs, "Deployment", "-store")["spec"]["template"]["spec"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}} in pod["volumes"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--dir") + 1] == "/data"
+    # the default: nothing persisted, no claim
+    default = render("defaults")
+    assert not [d for d in default if d["kind"] == "PersistentVolumeClaim"]
+    args = one(default, "Deployment", "-store")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "no"
 
 
 def test_an_external_store_comes_from_a_secret(render: Render) -> None:

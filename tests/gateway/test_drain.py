@@ -1,6 +1,6 @@
 """Draining an engine through the admin API of a real gateway process.
 
-The two engines are bench/instant_engine.py's stand-in (its canned answers),
+The two engines are experiments/instant_engine.py's stand-in (its canned answers),
 served in a thread of this process with a gate: a call whose last message is
 "hold" waits until the test releases it, so a call can be held in flight on
 the engine being drained. Routing is read back from the process table (the

@@ -112,7 +112,7 @@ def test_engine_errors_are_relayed_in_the_openai_shape() -> None:
     """vLLM answers ``"code": 400`` (a number); OpenAI's ``code`` is a string (schemathesis found it)."""
     import orjson
 
-    from autellix.gateway.upstream import openai_error_shape
+    from autellix.gateway.errors import openai_error_shape
 
     vllm = orjson.dumps({"error": {"message": "bad prompt", "type": "BadRequestError", "param": "prompt",
                                    "code": 400}})

@@ -9,14 +9,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from autellix.backends import VllmBackend, parse_metrics
 from autellix.gateway import engines as engines_module
 from autellix.gateway.engines import (
     MODELS_EVERY,
-    POOL_METRICS,
     SLOW_PROBES_TO_UNHEALTHY,
     EnginePool,
     StaticDiscovery,
-    parse_vllm_metrics,
 )
 from tests.gateway.standins import StandIn
 
@@ -119,9 +118,9 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="tiny-llama"} 44
 
 
 def test_the_pool_parses_only_the_metrics_it_reads() -> None:
-    everything = parse_vllm_metrics(VLLM_METRICS)
-    read = parse_vllm_metrics(VLLM_METRICS, POOL_METRICS)
-    assert read == {name: everything[name] for name in POOL_METRICS}
+    everything = parse_metrics(VLLM_METRICS)
+    read = parse_metrics(VLLM_METRICS, VllmBackend.pool_metrics)
+    assert read == {name: everything[name] for name in VllmBackend.pool_metrics}
     assert read == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0,
                     "vllm:generation_tokens_total": 1284.0, "vllm:request_inference_time_seconds_sum": 2.84}
     assert everything["vllm:num_requests_waiting_by_reason"] == 5.0  # a longer name is a different metric

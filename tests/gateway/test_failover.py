@@ -10,7 +10,7 @@ import openai
 
 from autellix.child_processes import admin_url
 from autellix.engine.launch import kill_engine
-from autellix.gateway.app import engine_label
+from autellix.gateway.views import engine_label
 from tests.live import MODEL, engines, gateway, http
 
 

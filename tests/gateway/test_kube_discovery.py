@@ -219,7 +219,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, limit: flo
 
 @pytest_asyncio.fixture
 async def two_engines() -> AsyncIterator[list[int]]:
-    """Two bench/instant_engine.py engines on 127.0.0.1; yields their ports."""
+    """Two experiments/instant_engine.py engines on 127.0.0.1; yields their ports."""
     instant = load_instant_engine()
     runners, ports = [], []
     for _ in range(2):

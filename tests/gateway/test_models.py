@@ -108,7 +108,7 @@ def test_a_program_using_two_models_keeps_a_pin_per_model(mixed: tuple[str, list
     entry = http("GET", f"{admin_url(gw)}/admin/sessions/{sid}")[1]  # the admin's view: engines by URL
     assert set(entry["pins"]) == {"alpha", "beta"}
     assert entry["pins"]["alpha"] in alpha and entry["pins"]["beta"] == beta[0]
-    # one pin per model: before issue 16 the single pin was to an alpha engine, where
-    # the long beta calls were sent (and refused with 404)
+    # one pin per model: a single pin would point at an alpha engine, where the long
+    # beta calls would be sent (and refused with 404)
     assert sorted(entry["engines"]) == sorted({entry["pins"]["alpha"], beta[0]})
     assert entry["calls_done"] == 6

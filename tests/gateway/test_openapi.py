@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 
 from autellix.gateway.admin import create_admin_app
-from autellix.gateway.app import GatewayConfig, create_app
+from autellix.gateway.compose import create_app
+from autellix.gateway.config import GatewayConfig
 from autellix.gateway.openapi import OPENAPI_PATH, admin_document, tenant_document
 
 

@@ -1,4 +1,4 @@
-"""One retry budget per call, against real engine stand-ins that fail (issue 16).
+"""One retry budget per call, against real engine stand-ins that fail.
 
 At most ``max_attempts`` engines per call in total, each attempt's reason in the
 admin API and the metrics; never retried once bytes reached the client, nor
@@ -25,8 +25,8 @@ async def post(base: str, body: dict, **headers: str) -> tuple[int, dict | str]:
 @pytest.mark.parametrize(("engines", "behaviour", "reason"), [
     (3, ["drop"], {"disconnected"}), (5, ["drop"], {"disconnected"}),
     (3, ["empty_stream"], {"stream_closed"}),
-    # both failures in one pool: before issue 16 a retry loop around the
-    # dispatch loop could try up to 3 x 3 = 9 of these engines for one call
+    # both failures in one pool: a retry loop around a dispatch loop would try
+    # up to 3 x 3 = 9 of these engines for one call
     (9, ["drop", "drop", "empty_stream"], {"disconnected", "stream_closed"})])
 async def test_one_call_against_failing_engines_makes_exactly_three_attempts(engines: int, behaviour: list[str],
                                                                              reason: set[str]) -> None:

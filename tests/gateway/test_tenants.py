@@ -24,7 +24,9 @@ from aiohttp import web
 
 from autellix.control.keys import KeysError
 from autellix.control.limits import TenantLimits
-from autellix.gateway.app import Gateway, GatewayConfig, create_app
+from autellix.gateway.compose import create_app
+from autellix.gateway.config import GatewayConfig
+from autellix.gateway.parts import Gateway
 from autellix.protocol import ENGINE_TOKEN_HEADER
 from tests.gateway.standins import MODEL, gateway_app
 
@@ -211,7 +213,7 @@ def test_keys_fail_closed(tmp_path: Path) -> None:
 
 def test_beyond_loopback_needs_keys_or_allow_anonymous(tmp_path: Path) -> None:
     open_gateway = create_app(GatewayConfig(engines=["http://127.0.0.1:9"]))
-    from autellix.gateway.app import GATEWAY_KEY
+    from autellix.gateway.parts import GATEWAY_KEY
 
     assert open_gateway[GATEWAY_KEY].exposure_error("127.0.0.1") is None
     assert "without tenant keys" in open_gateway[GATEWAY_KEY].exposure_error("0.0.0.0")

@@ -19,7 +19,9 @@ import pytest_asyncio
 import yaml
 from aiohttp import web
 
-from autellix.gateway.app import GATEWAY_KEY, GatewayConfig, create_app
+from autellix.gateway.compose import create_app
+from autellix.gateway.config import GatewayConfig
+from autellix.gateway.parts import GATEWAY_KEY
 from autellix.kube.endpoints import endpoint_pods
 from autellix.kube.handlers import OperatorConfig
 from autellix.kube.kubeapi import KubeApi
@@ -96,6 +98,9 @@ class Gateway:
 
     async def urls(self) -> set[str]:  # the gateway's Discovery protocol
         return self._urls()
+
+    async def aclose(self) -> None:
+        return None
 
     async def __aenter__(self) -> Gateway:
         self.app = create_app(GatewayConfig(discovery=self, poll_interval=0.1, admin_port=0))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from autellix.kube import FINALIZER
 from autellix.kube.kubeapi import KubeApi
 from tests.kube.conftest import NAMESPACE, OperatorFactory, eventually
 from tests.kube.kmock_cluster import Cluster
@@ -74,6 +75,9 @@ async def test_create_update_delete_drive_deployment_and_service(
 
     await eventually(updated, what="the Deployment updated")
     await eventually(lambda: status_says(2, "EnginesStarting"), what="status: 2/3 ready")
+
+    # No finalizer on an engine: deleting one never waits for an operator.
+    assert not (await api.get(engine_path("llama")))["metadata"].get("finalizers")
 
     # Delete: the garbage collector takes the children with their owner.
     await api.delete(engine_path("llama"))
@@ -227,3 +231,19 @@ async def test_an_inference_pool_per_engine_when_enabled(
     assert pool["spec"]["selector"]["matchLabels"] == {"autellix.ai/engine": "pooled",
                                                       "app.kubernetes.io/component": "engine"}
     assert pool["metadata"]["ownerReferences"][0]["name"] == "pooled"
+
+
+async def test_an_engine_finalized_by_an_older_operator_is_released(
+        cluster: Cluster, api: KubeApi, operator: OperatorFactory, engine_path: Callable[..., str]) -> None:
+    """Engines once carried kopf's finalizer (an autoscaler timer): the operator drops it when it resumes them."""
+    old = engine("older")
+    old["metadata"]["finalizers"] = [FINALIZER]
+    await api.create(engine_path(), old)
+    await operator()
+
+    async def released() -> bool:
+        return not (await api.get(engine_path("older")))["metadata"].get("finalizers")
+
+    await eventually(released, what="the finalizer dropped")
+    await eventually(lambda: api.get(f"{DEPLOYMENTS}/older"), what="the Deployment")
+

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +70,18 @@ async def test_gateway_endpointslices_reach_the_snapshot(cluster: Cluster, api: 
                 plane.gateways() == {GatewayEndpoint(a.split(":")[0], int(a.split(":")[1])) for a in addresses}
 
         await eventually(lambda: published(), what="an empty membership at first")
-        began = time.monotonic()
         await api.create(SLICES, gateway_slice("gw-a", SERVICE, [("10.0.0.1", True, False),
                                                                   ("10.0.0.2", True, False),
                                                                   ("10.0.0.3", False, False)]))
         # another Service's slice (e.g. the admin Service's) is not the gateway's OpenAI endpoint
         await api.create(SLICES, gateway_slice("gw-admin-a", "autellix-gateway-admin", [("10.0.0.9", True, False)]))
         await eventually(lambda: published("10.0.0.1:8000", "10.0.0.2:8000"), what="the two ready pods")
-        assert time.monotonic() - began < 1.0
         # a rolling update: 10.0.0.2 terminates (SIGTERM: not ready), 10.0.0.3 passed its readiness probe
-        began = time.monotonic()
         await api.replace(f"{SLICES}/gw-a", {**(await api.get(f"{SLICES}/gw-a") or {}),
                                              "endpoints": gateway_slice("gw-a", SERVICE, [
                                                  ("10.0.0.1", True, False), ("10.0.0.2", False, True),
                                                  ("10.0.0.3", True, False)])["endpoints"]})
         await eventually(lambda: published("10.0.0.1:8000", "10.0.0.3:8000"), what="the terminating pod out")
-        assert time.monotonic() - began < 1.0
         # a second slice of the Service (large Services have several) adds up; deleting one takes its pods out
         await api.create(SLICES, gateway_slice("gw-b", SERVICE, [("10.0.1.1", True, False)]))
         await eventually(lambda: published("10.0.0.1:8000", "10.0.0.3:8000", "10.0.1.1:8000"), what="slice b")
@@ -122,7 +117,7 @@ async def test_operator_command_serves_envoy_the_gateway_pods(cluster: Cluster, 
     engine_port, gateway_port, xds_port, envoy_port = free_ports(4)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig_for(cluster, tmp_path / "kubeconfig")), "HOME": str(tmp_path)}
     argvs = {
-        "engine": [sys.executable, str(ROOT / "bench" / "instant_engine.py"), "--port", str(engine_port)],
+        "engine": [sys.executable, str(ROOT / "experiments" / "instant_engine.py"), "--port", str(engine_port)],
         "gateway": [sys.executable, "-m", "autellix", "gateway", "--port", str(gateway_port),
                     "--engine", f"http://127.0.0.1:{engine_port}"],
         "operator": [sys.executable, "-m", "autellix", "operator", "--gateway-url", "http://127.0.0.1:9",

@@ -15,7 +15,9 @@ from autellix.core import SchedulerConfig
 from autellix.kube.diff import covers, drifted
 from autellix.kube.manifests import (
     HF_HOME,
+    PickerSettings,
     default_topology_spread,
+    engine_children,
     engine_deployment,
     engine_disruption_budget,
     engine_inference_pool,
@@ -88,6 +90,32 @@ def test_engine_children_validate_strictly(case: str, version: str) -> None:
     for manifest in (engine_deployment("e", "ns", UID, spec), engine_service("e", "ns", UID),
                      engine_disruption_budget("e", "ns", UID, spec)):
         kubernetes_validate.validate(manifest, version, strict=True)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_engines_endpoint_picker_validates_and_serves_its_pool(version: str) -> None:
+    """With a picker, the engine's children add ``autellix epp`` and its Service; the InferencePool names it,
+    selects the engine pods the picker discovers by the same selector, and carries its failure mode."""
+    spec = parse_engine(ENGINE_SPECS["placed"])
+    picker = PickerSettings(image="registry/autellix-gateway:1", failure_mode="FailOpen", service_account="pickers",
+                            store_url="redis://store:6379/0")
+    children = engine_children("e", "ns", UID, spec, token_secret="tok", picker=picker)
+    kinds = [c["kind"] for c in children]
+    assert kinds == ["Deployment", "Service", "PodDisruptionBudget", "Deployment", "Service", "InferencePool"]
+    deployment, service, pool = children[3], children[4], children[5]
+    for manifest in (deployment, service):
+        kubernetes_validate.validate(manifest, version, strict=True)
+    args = container(deployment)["args"]
+    assert args[0] == "epp" and f"--engine-selector={selector_string('e')}" in args
+    assert pool["spec"]["selector"]["matchLabels"] == children[0]["spec"]["selector"]["matchLabels"]
+    assert pool["spec"]["endpointPickerRef"] == {"name": service["metadata"]["name"], "port": {"number": 9002},
+                                                 "failureMode": "FailOpen"}
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    env = {e["name"]: e for e in container(deployment)["env"]}
+    assert env["AUTELLIX_STORE"]["value"] == "redis://store:6379/0" and "secretKeyRef" in env[
+        "AUTELLIX_ENGINE_TOKEN"]["valueFrom"]
+    assert [c["kind"] for c in engine_children("e", "ns", UID, spec)] == ["Deployment", "Service",
+                                                                          "PodDisruptionBudget"]
 
 
 def test_every_placement_field_reaches_the_pod() -> None:

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from autellix.kube import FINALIZER
 from autellix.kube.kubeapi import KubeApi
 from tests.kube.conftest import NAMESPACE, Gateway, OperatorFactory, eventually
 from tests.kube.fake_engine import MODEL, FakeEngine, endpoint_slice
@@ -87,7 +88,11 @@ async def test_program_runs_to_completion(cluster: Cluster, api: KubeApi, gatewa
     code, _ = await session_entry(gateway, status["sessionId"])
     assert code == 404
 
-    # Deleting it afterwards is quick (the finalizer has nothing left to end); the Job goes with it.
+    # Its session ended, it no longer holds the finalizer: deleting it needs no operator; the Job goes with it.
+    async def unheld() -> bool:
+        return FINALIZER not in ((await api.get(f"{PROGRAMS}/react"))["metadata"].get("finalizers") or [])
+
+    await eventually(unheld, what="the finalizer dropped once the session ended")
     await api.delete(f"{PROGRAMS}/react")
     await eventually(lambda: _gone(api, f"{PROGRAMS}/react"), what="the AgentProgram deleted")
     await eventually(lambda: _gone(api, f"{JOBS}/react"), what="the Job deleted")
@@ -99,8 +104,10 @@ async def test_deleting_a_running_program_ends_its_session(cluster: Cluster, api
     await api.create(PROGRAMS, program("chat"))
     status = await eventually(lambda: _status(api, "chat", "sessionId"), what="the session id")
     assert (await session_entry(gateway, status["sessionId"]))[0] == 200
-    obj = await api.get(f"{PROGRAMS}/chat")
-    assert "autellix.ai/finalizer" in obj["metadata"]["finalizers"]
+    async def held() -> bool:  # its session is open (kopf adds the finalizer on the status write's event)
+        return FINALIZER in ((await api.get(f"{PROGRAMS}/chat"))["metadata"].get("finalizers") or [])
+
+    await eventually(held, what="the finalizer while the session is open")
 
     await api.delete(f"{PROGRAMS}/chat")
     await eventually(lambda: _gone(api, f"{PROGRAMS}/chat"), what="the AgentProgram deleted")
@@ -136,6 +143,7 @@ async def test_bad_gateway_url_in_spec_fails_the_program(cluster: Cluster, api: 
     status = await eventually(lambda: _status(api, "bad", "phase", "Failed"), what="phase Failed")
     assert status["message"] == "spec.gateway: expected an http(s) URL, got 'ftp://gateway'"
     assert "sessionId" not in status and await api.get(f"{JOBS}/bad") is None
+    assert not (await api.get(f"{PROGRAMS}/bad"))["metadata"].get("finalizers")  # no session: nothing held
 
 
 async def _status(api: KubeApi, name: str, key: str, value: Any = None) -> dict[str, Any] | None:

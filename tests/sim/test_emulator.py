@@ -18,8 +18,9 @@ import aiohttp
 import openai
 import pytest
 
+from autellix.backends import parse_metrics
 from autellix.child_processes import free_port
-from autellix.gateway.engines import parse_vllm_metrics
+from autellix.protocol import RECORD_HEADER
 from autellix.sim.emulator import EmulatedEngine, emulator_process, serve
 from autellix.sim.engine_model import EngineProfile
 from tests.live import gateway, http
@@ -51,7 +52,7 @@ async def running(scheduler: str = "autellix", time_scale: float = 0.2, **option
 
 async def metrics(base: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as s, s.get(base + "/metrics") as r:
-        return parse_vllm_metrics(await r.text())
+        return parse_metrics(await r.text())
 
 
 @pytest.mark.asyncio
@@ -215,7 +216,7 @@ def test_gateway_fails_over_from_a_refusing_emulated_engine(tmp_path) -> None:
             assert status == 200, answer
             assert answer["usage"]["completion_tokens"] == 4
         with urllib.request.urlopen(engines[1] + "/metrics") as r:
-            served = parse_vllm_metrics(r.read().decode())["vllm:generation_tokens_total"]
+            served = parse_metrics(r.read().decode())["vllm:generation_tokens_total"]
         assert served == 16
 
 
@@ -239,7 +240,7 @@ def test_a_streamed_call_leaves_an_engine_that_accepted_it_and_hung(tmp_path) ->
         # then sat out its backoff, though its health checks pass
         assert sum(w >= 1.0 for w in waits) == 1 and max(waits) < 10
         with urllib.request.urlopen(engines[1] + "/metrics") as r:
-            served = parse_vllm_metrics(r.read().decode())["vllm:generation_tokens_total"]
+            served = parse_metrics(r.read().decode())["vllm:generation_tokens_total"]
         assert served == 16  # every call was served by the healthy engine
         with urllib.request.urlopen(gw + "/metrics") as r:
             retries = [line for line in r.read().decode().splitlines()
@@ -265,4 +266,14 @@ def test_gateway_in_front_of_emulated_engines_charges_their_model_time(tmp_path)
         assert entry["calls_done"] == 3
         # Model time comes from the emulated plugin's records: positive and less than the wall time.
         assert 0 < entry["service"] < elapsed, json.dumps(entry)
+        # every record came with its answer (RECORD_HEADER), none by a request of its own
+        for engine in engines:
+            status, scrape = http("GET", engine + "/metrics")
+            assert "autellix_emulator_record_requests_total 0.0" in scrape["text"], scrape["text"][-600:]
+        # and the record stays between gateway and engine
+        request = urllib.request.Request(gw + "/v1/chat/completions", method="POST", data=json.dumps({
+            "model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 4}).encode(),
+            headers={"Content-Type": "application/json", "X-Autellix-Session": sid})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert answer.status == 200 and answer.headers.get(RECORD_HEADER) is None
 

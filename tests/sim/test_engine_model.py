@@ -289,7 +289,7 @@ def test_profile_round_trips_through_its_file_form(tmp_path) -> None:
 
 
 def test_step_totals_account_for_every_prompt_and_output_token() -> None:
-    """The totals ``bench/step_trace.py`` sets beside the real engine's trace:
+    """The totals ``experiments/engine_steps_vs_profile.py`` sets beside the real engine's trace:
     without preemption every prompt token is prefilled or a prefix hit, and
     every token after a call's first is one decode step of one sequence."""
     engine = EngineModel(profile(kv_blocks=400), scheduler="fcfs")

@@ -125,6 +125,16 @@ seccompProfile:
 {{- printf "%s-%s" .ctx.Release.Namespace .name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The namespaces the operator serves, one per line: the release's, then operator.namespaces. */}}
+{{- define "autellix.operatorNamespaces" -}}
+{{- prepend .Values.operator.namespaces .Release.Namespace | uniq | join "\n" }}
+{{- end }}
+
+{{/* The operator's leader-election Lease (made by the chart, so that `helm uninstall` removes it). */}}
+{{- define "autellix.operatorLease" -}}
+{{- include "autellix.operatorName" . }}
+{{- end }}
+
 {{/* The operator's rules in the namespaces it serves (autellix.kube.rbac.OPERATOR_RULES, scope "served"). */}}
 {{- define "autellix.operatorServedRules" -}}
 # Its resources: kopf's watch, progress annotations and finalizer; a child's event reads its engine;

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autellix.backends.base import CallOutcome, EngineBackend, EngineLoad
-from autellix.backends.metrics import parse_metrics
+from autellix.backends.scrape import parse_metrics
 from autellix.backends.vllm import VllmBackend
 
 BACKENDS: dict[str, Callable[[], EngineBackend]] = {"vllm": VllmBackend}

@@ -32,6 +32,9 @@ class CallOutcome:
     #: The call's exact model time, when whoever ran it knows it (the simulator);
     #: None: the controller asks the engine's record, then falls back.
     model_time: float | None = None
+    #: The engine's record of the call, when its answer carried it
+    #: (``autellix.protocol.RECORD_HEADER``); None: the controller asks for it.
+    record: CallRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,12 @@ class EngineBackend(Protocol):
         ...
 
     def read_usage(self, answer: Mapping[str, Any], outcome: CallOutcome) -> None:
-        """Fill ``outcome`` from a whole answer or a stream's usage chunk."""
+        """Fill ``outcome`` from a Chat or Completions answer (whole, or a stream's usage chunk): token counts
+        and what ``read_timing`` reads."""
+        ...
+
+    def read_timing(self, answer: Mapping[str, Any], outcome: CallOutcome) -> None:
+        """Fill ``outcome.engine_seconds`` from what the engine adds to an answer of any API, if anything."""
         ...
 
     def load(self, metrics: Mapping[str, float]) -> EngineLoad:

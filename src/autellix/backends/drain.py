@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 
 from autellix.backends import BACKENDS, DEFAULT_BACKEND, EngineBackend, backend_by_name
-from autellix.backends.metrics import parse_metrics
+from autellix.backends.scrape import parse_metrics
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 

@@ -58,6 +58,11 @@ class VllmBackend:
         usage = answer.get("usage") or {}
         outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
         outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.read_timing(answer, outcome)
+
+    def read_timing(self, answer: Mapping[str, Any], outcome: CallOutcome) -> None:
+        """vLLM's per-request ``metrics`` (``--enable-per-request-metrics``), on Chat, Completions and
+        Responses answers (a Responses stream's: its final event's response)."""
         metrics = answer.get("metrics")
         if isinstance(metrics, dict):
             ttft, generation = metrics.get("time_to_first_token_ms"), metrics.get("generation_time_ms")

@@ -44,10 +44,10 @@ def bench(
 
     from rich.progress import Progress
 
-    from autellix.bench.runner import run_programs
     from autellix.engine.tiny_model import REPLY_TOKEN_IDS
+    from autellix.loadgen.runner import run_programs
     from autellix.workloads import make_programs
-    from autellix.workloads.metrics import summarize
+    from autellix.workloads.run_metrics import summarize
 
     try:
         batch = make_programs(workload, programs, seed=seed, calibration=calibration)
@@ -75,16 +75,16 @@ def bench(
 
 
 @app.command("sweep")
-@scheduler_options("beta", "quanta", "boundaries", "max_preemptions", defaults="the workload's, bench/sweep.py")
+@scheduler_options("beta", "quanta", "boundaries", "max_preemptions", defaults="the workload's, loadgen/stack_sweep.py")
 def bench_sweep(
     workload: Annotated[str, typer.Option(help=one_of(WORKLOADS))] = "bfcl",
     rates: Annotated[str | None, typer.Option(
-        help="Comma-separated arrival rates (programs/s); default: the workload's (bench/sweep.py)")] = None,
+        help="Comma-separated arrival rates (programs/s); default: the workload's (loadgen/stack_sweep.py)")] = None,
     programs: Annotated[int | None, typer.Option(min=1, help="Programs per rate (default: the workload's)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
     systems: Annotated[str, typer.Option(
         help=f"Comma-separated: {', '.join(SYSTEMS)}")] = (
-        "vllm,vllm-opt,client-plas,plas,autellix"),
+        "vllm,vllm-opt,client-plas,llmd-fairness,plas,autellix"),
     calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
     stream: Annotated[bool, typer.Option(help="Stream calls (default: whole calls, so the client and the "
                                               "gateway spend CPU per call, not per token, beside the engine)")] = False,
@@ -105,11 +105,11 @@ def bench_sweep(
              "sample the workload, not one draw of it")] = False,
     trace_steps: Annotated[bool, typer.Option(
         help="Record every engine step (steps-<system>.jsonl in the log folder) and add each run's step totals "
-             "to the report, to set beside the simulator's (bench/step_trace.py)")] = False,
+             "to the report, to set beside the simulator's (experiments/engine_steps_vs_profile.py)")] = False,
 ) -> None:
     """Every system on a fresh local stack over a range of rates: JSON, plots, throughput ratios."""
-    from autellix.bench.sweep import ENGINE_SETTINGS, run_sweep, write_report
     from autellix.core import SchedulerConfig
+    from autellix.loadgen.stack_sweep import ENGINE_SETTINGS, run_sweep, write_report
 
     try:
         rate_list = [float(r) for r in rates.split(",") if r.strip()] if rates else None
@@ -141,6 +141,19 @@ def bench_sweep(
                        f"; mean {row[k]:.2f}x {k[8:].replace('_', '-')}'s" for k in row if k.startswith("mean_vs_")))
     if "paired" in report:
         echo_paired(report["paired"])
+
+
+@app.command("flow-control-proxy")
+def bench_flow_control_proxy(
+    engine: Annotated[str, typer.Option(help="Base URL of the stock vLLM engine behind it")],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on (127.0.0.1)")] = 8300,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="The engine's running slots")] = 8,
+) -> None:
+    """The llmd-fairness system's gateway: llm-d's program-aware flow control in front of one engine
+    (autellix/loadgen/flow_control_proxy.py); programs name themselves in x-llm-d-inference-fairness-id."""
+    from autellix.loadgen.flow_control_proxy import serve
+
+    serve(engine, port, slots=max_num_seqs)
 
 
 def echo_paired(paired: dict[str, Any]) -> None:
@@ -176,8 +189,8 @@ def bench_cluster(
     arrival_seconds: Annotated[float, typer.Option(min=1, help="Seconds of arrivals per rate")] = 20.0,
     out: Annotated[Path, typer.Option(help="Folder for the JSON report")] = Path("bench-results"),
 ) -> None:
-    """Settings shared by the studies (bench/cluster.py, docs/emulator.md)."""
-    from autellix.bench.cluster import ClusterSettings
+    """Settings shared by the studies (autellix/loadgen/cluster.py, docs/emulator.md)."""
+    from autellix.loadgen.cluster import ClusterSettings
 
     ctx.obj = (ClusterSettings(profile=profile, time_scale=time_scale, max_num_seqs=max_num_seqs,
                                arrival_seconds=arrival_seconds), out)
@@ -195,7 +208,7 @@ def bench_cluster_balancers(
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
 ) -> None:
     """Figure 14: the gateway's balancers side by side on emulated engines."""
-    from autellix.bench.cluster import run_balancers
+    from autellix.loadgen.cluster import run_balancers
 
     settings, out = ctx.obj
     try:
@@ -216,11 +229,11 @@ def bench_cluster_scaling(
     engines: Annotated[str, typer.Option(help="Comma-separated engine counts")] = "1,2,4,8",
     balancer: Annotated[str, typer.Option(help=one_of(BALANCERS))] = "autellix",
     rates_per_engine: Annotated[str | None, typer.Option(
-        help="Comma-separated rates per engine (default: the workload's, bench/cluster.py)")] = None,
+        help="Comma-separated rates per engine (default: the workload's, autellix/loadgen/cluster.py)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
 ) -> None:
     """Figure 15: sustainable rate against the engine count."""
-    from autellix.bench.cluster import run_scaling
+    from autellix.loadgen.cluster import run_scaling
 
     settings, out = ctx.obj
     try:

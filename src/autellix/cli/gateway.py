@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,10 +13,38 @@ from autellix.backends import BACKENDS, DEFAULT_BACKEND
 from autellix.cli.common import fail, one_of
 from autellix.cli.options import NO_OVERRIDES, SchedulerOverrides, scheduler_options
 
+if TYPE_CHECKING:
+    from autellix.gateway.engines import Discovery
+
 
 class DiscoveryKind(enum.StrEnum):
     static = "static"
     kubernetes = "kubernetes"
+
+
+#: Options the gateway and the endpoint picker share (``autellix gateway``, ``autellix epp``).
+AdminHost = Annotated[str, typer.Option(help="The admin listener's address")]
+AdminKeysFile = Annotated[Path | None, typer.Option(
+    help="Admin keys (file or Secret directory); also $AUTELLIX_ADMIN_KEYS; needed beyond loopback")]
+TenantMaxConcurrent = Annotated[int | None, typer.Option(min=1, help="Calls one tenant may run at once")]
+TenantMaxQueued = Annotated[int, typer.Option(min=0, help="Calls one tenant may queue beyond those")]
+TenantQueueTimeout = Annotated[float, typer.Option(min=0.1, help="Seconds a queued call waits, then 429")]
+TenantRpm = Annotated[float | None, typer.Option(min=0.001, help="Requests per minute per tenant")]
+
+
+def engine_source(engine: list[str] | None, discovery: DiscoveryKind, engine_selector: str, namespace: str | None,
+                  engine_port_name: str) -> tuple[list[str], Discovery | None]:
+    """The static engine URLs, or the Kubernetes discovery that finds them (the gateway's and the picker's)."""
+    engines = list(engine or [])
+    if discovery is DiscoveryKind.static and not engines:
+        raise fail("give at least one --engine URL, or --discovery kubernetes")
+    if discovery is DiscoveryKind.static:
+        return engines, None
+    if engines:
+        raise fail("--engine is for --discovery static; kubernetes discovery finds the engines itself")
+    from autellix.gateway.kube_discovery import KubeDiscovery
+
+    return [], KubeDiscovery(engine_selector, namespace or None, port_name=engine_port_name)
 
 
 @scheduler_options("policy", "beta", "balancer")
@@ -41,13 +69,12 @@ def gateway(
         help="Serve beyond loopback without tenant keys (refused otherwise)")] = False,
     admin_port: Annotated[int | None, typer.Option(
         min=0, help="The admin listener's port (engines, drain, calls, sessions for tenants); none without")] = None,
-    admin_host: Annotated[str, typer.Option(help="The admin listener's address")] = "127.0.0.1",
-    admin_keys_file: Annotated[Path | None, typer.Option(
-        help="Admin keys (file or Secret directory); also $AUTELLIX_ADMIN_KEYS; needed beyond loopback")] = None,
-    tenant_max_concurrent: Annotated[int | None, typer.Option(min=1, help="Calls one tenant may run at once")] = None,
-    tenant_max_queued: Annotated[int, typer.Option(min=0, help="Calls one tenant may queue beyond those")] = 0,
-    tenant_queue_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a queued call waits, then 429")] = 30.0,
-    tenant_rpm: Annotated[float | None, typer.Option(min=0.001, help="Requests per minute per tenant")] = None,
+    admin_host: AdminHost = "127.0.0.1",
+    admin_keys_file: AdminKeysFile = None,
+    tenant_max_concurrent: TenantMaxConcurrent = None,
+    tenant_max_queued: TenantMaxQueued = 0,
+    tenant_queue_timeout: TenantQueueTimeout = 30.0,
+    tenant_rpm: TenantRpm = None,
     tenant_tpm: Annotated[float | None, typer.Option(
         min=1, help="Tokens (prompt + output) a minute, per tenant")] = None,
     tenant_max_sessions: Annotated[int | None, typer.Option(min=1, help="Live sessions per tenant")] = None,
@@ -78,21 +105,12 @@ def gateway(
     """Run the OpenAI-compatible gateway in front of running engines."""
     from autellix.control.keys import KeysError
     from autellix.control.limits import TenantLimits
-    from autellix.gateway.app import GatewayConfig
+    from autellix.gateway.config import GatewayConfig
     from autellix.gateway.serve import ExposedError, serve
 
     if backend not in BACKENDS:
         raise fail(f"unknown engine backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    engines = list(engine or [])
-    source = None
-    if discovery is DiscoveryKind.static and not engines:
-        raise fail("give at least one --engine URL, or --discovery kubernetes")
-    if discovery is DiscoveryKind.kubernetes:
-        if engines:
-            raise fail("--engine is for --discovery static; kubernetes discovery finds the engines itself")
-        from autellix.gateway.kube_discovery import KubeDiscovery
-
-        source = KubeDiscovery(engine_selector, namespace or None, port_name=engine_port_name)
+    engines, source = engine_source(engine, discovery, engine_selector, namespace, engine_port_name)
     limits = TenantLimits(max_concurrent=tenant_max_concurrent, max_queued=tenant_max_queued,
                           queue_timeout_s=tenant_queue_timeout, requests_per_minute=tenant_rpm,
                           tokens_per_minute=tenant_tpm, max_sessions=tenant_max_sessions)

@@ -1,4 +1,4 @@
-"""``autellix operator``: the Kubernetes operator (``autellix.kube``)."""
+"""``autellix operator`` (the Kubernetes operator, ``autellix.kube``) and ``autellix kube`` (its tools)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ from typing import Annotated
 import typer
 
 from autellix.cli.common import fail
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.callback()
+def kube() -> None:
+    """Tools for a cluster the operator serves (docs/operator.md)."""
 
 
 def operator(
@@ -34,6 +41,18 @@ def operator(
                                                  help="This replica's name in the Lease (default the host)")] = None,
     engine_image: Annotated[str | None, typer.Option(help="Engine image when a spec names none")] = None,
     inference_pool: Annotated[bool, typer.Option(help="Also an InferencePool per AutellixEngine")] = False,
+    epp: Annotated[bool, typer.Option(
+        help="Also run `autellix epp` as each AutellixEngine's endpoint picker (implies --inference-pool)")] = False,
+    epp_image: Annotated[str | None, typer.Option(help="The picker's image (the gateway image)")] = None,
+    epp_replicas: Annotated[int, typer.Option(min=1, help="Picker replicas per engine")] = 2,
+    epp_fallbacks: Annotated[int, typer.Option(
+        min=0, help="Fallback endpoints the picker names (0 for ORIGINAL_DST gateways)")] = 0,
+    epp_failure_mode: Annotated[str, typer.Option(help="The InferencePool's failureMode: FailClose or FailOpen")] = (
+        "FailClose"),
+    epp_service_account: Annotated[str | None, typer.Option(
+        help="The pickers' service account (may list and watch EndpointSlices)")] = None,
+    epp_store_url: Annotated[str | None, typer.Option(
+        help="The program store the pickers share with the gateways (redis://...)")] = None,
     xds_port: Annotated[int | None, typer.Option(
         min=0, max=65535, help="Serve Envoy's xDS (ADS) on this port, from the gateway Service's EndpointSlices "
                                 "(docs/cluster.md); none without")] = None,
@@ -44,6 +63,9 @@ def operator(
     xds_listen_port: Annotated[int, typer.Option(
         min=1, max=65535, help="xDS: the port Envoy serves the OpenAI API on")] = 8000,
     xds_listen_host: Annotated[str, typer.Option(help="xDS: the address Envoy serves it on")] = "0.0.0.0",
+    xds_host: Annotated[str, typer.Option(
+        help="xDS: the address the ADS server listens on (in a pod: its IP, which the xDS Service reaches)")] = (
+        "127.0.0.1"),
     verbose: Annotated[bool, typer.Option(help="Debug logging")] = False,
 ) -> None:
     """The Kubernetes operator: AutellixEngine -> engine Deployment + Service (autoscaled),
@@ -60,11 +82,21 @@ def operator(
     kopf.configure(verbose=verbose)
     if gateway_admin_url is not None and not gateway_admin_url.startswith(("http://", "https://")):
         raise fail(f"--gateway-admin-url: expected an http(s) URL, got {gateway_admin_url!r}")
+    if epp and not epp_image:
+        raise fail("--epp needs --epp-image (the image that runs `autellix epp`)")
+    if epp_failure_mode not in ("FailClose", "FailOpen"):
+        raise fail(f"--epp-failure-mode: FailClose or FailOpen, not {epp_failure_mode!r}")
+    from autellix.kube.manifests import PickerSettings
+
+    picker = PickerSettings(image=epp_image, replicas=epp_replicas, fallbacks=epp_fallbacks,
+                            failure_mode=epp_failure_mode, service_account=epp_service_account,
+                            store_url=epp_store_url) if epp and epp_image else None
     config = OperatorConfig(gateway_url=gateway_url.rstrip("/"), gateway_api_key=gateway_api_key,
                             gateway_admin_url=gateway_admin_url.rstrip("/") if gateway_admin_url else None,
                             gateway_admin_key=gateway_admin_key, engine_token_secret=engine_token_secret,
                             autoscale_interval=autoscale_interval, program_poll_interval=program_poll_interval,
-                            inference_pool=inference_pool, **({"engine_image": engine_image} if engine_image else {}))
+                            inference_pool=inference_pool or epp, endpoint_picker=picker,
+                            **({"engine_image": engine_image} if engine_image else {}))
     import socket
 
     from kubernetes_asyncio.config import ConfigException
@@ -86,10 +118,61 @@ def operator(
         if not xds_namespace:
             raise fail("--xds-port needs --xds-namespace (or $POD_NAMESPACE): where the gateway Service is")
         envoy_listens = MeshSettings(listen_host=xds_listen_host, listen_port=xds_listen_port)
-        operator_run = serve_xds_with(operator_run, envoy_listens, xds_gateway_service, xds_namespace, port=xds_port)
+        operator_run = serve_xds_with(operator_run, envoy_listens, xds_gateway_service, xds_namespace,
+                                      host=xds_host, port=xds_port)
     try:
         asyncio.run(operator_run)
     except ConfigException as exc:
         raise fail(f"no Kubernetes credentials (in-cluster service account or kubeconfig): {exc}") from None
     except LeadershipLost as exc:
         raise fail(f"{exc}; exiting so the pod restarts as a candidate") from None
+
+
+@app.command("release-finalizers")
+def release_finalizers(
+    namespace: Annotated[str | None, typer.Option(
+        "--namespace", "-n", help="Namespace of the resources (default: the kubeconfig context's)")] = None,
+    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A", help="Every namespace")] = False,
+    all_resources: Annotated[bool, typer.Option(
+        "--all", help="Also from resources not being deleted (before removing the operator for good)")] = False,
+) -> None:
+    """Drop the operator's finalizer (autellix.ai/finalizer) from AutellixEngines and AgentPrograms being
+    deleted: the way out when no operator runs and `kubectl delete` (or deleting the CRDs) waits."""
+    import asyncio
+
+    from kubernetes_asyncio.client.exceptions import ApiException
+    from kubernetes_asyncio.config import ConfigException, list_kube_config_contexts
+
+    from autellix.kube.finalizers import Released
+    from autellix.kube.finalizers import release_finalizers as release
+    from autellix.kube.kubeapi import KubeApi
+
+    if namespace is not None and all_namespaces:
+        raise fail("--namespace and --all-namespaces: give one")
+
+    async def run() -> list[Released]:
+        api = await KubeApi.from_environment()
+        try:
+            scope = None if all_namespaces else namespace or current_namespace()
+            return await release(api, scope, deleting_only=not all_resources)
+        finally:
+            await api.close()
+
+    def current_namespace() -> str:
+        """The kubeconfig context's namespace, as kubectl takes it (in a pod, with no kubeconfig: default)."""
+        try:
+            _, context = list_kube_config_contexts()
+        except ConfigException:
+            return "default"
+        return (context or {}).get("context", {}).get("namespace") or "default"
+
+    try:
+        released = asyncio.run(run())
+    except ConfigException as exc:
+        raise fail(f"no Kubernetes credentials (in-cluster service account or kubeconfig): {exc}") from None
+    except ApiException as exc:
+        raise fail(f"the API server refused: {exc.status} {exc.reason}") from None
+    for item in released:
+        typer.echo(f"{item.kind.lower()}.autellix.ai/{item.name} -n {item.namespace}: finalizer released")
+    if not released:
+        typer.echo("nothing held by the operator's finalizer")

@@ -133,11 +133,14 @@ def sim_sweep(
     engine_profile: Annotated[str, typer.Option(help="Engine profile (bundled name or JSON path)")] = (
         "a100-llama3.1-8b"),
     figures: Annotated[str, typer.Option(help="Comma-separated: 12 (systems), 14 (engines x balancers), check "
-                                         "(issue 15: autellix vs vllm-opt, plas, client-plas; all workloads, "
-                                         "--slots, --seeds)")] = "12,14",
+                                         "(autellix vs vllm-opt, plas, client-plas and llmd-fairness; all "
+                                         "workloads, --slots, --seeds)")] = "12,14",
     slots: Annotated[str, typer.Option(help="check: comma-separated running-call slots")] = "32,256",
     seeds: Annotated[str, typer.Option(help="check: comma-separated seeds")] = "1,2,3",
     jobs: Annotated[int, typer.Option(min=1, help="check: simulations run in parallel processes")] = 2,
+    systems: Annotated[str | None, typer.Option(
+        help="check: comma-separated systems (default: autellix and the baselines it is held to)")] = None,
+    ours: Annotated[str, typer.Option(help="check: the system held to the baselines")] = "autellix",
     workloads: Annotated[str | None, typer.Option(
         help="Comma-separated workloads (default: all five for 12 and check, sharegpt and lats for 14)")] = None,
     engines: Annotated[str, typer.Option(help="Figure 14: comma-separated engine counts")] = "1,2,4,8",
@@ -156,7 +159,8 @@ def sim_sweep(
     if not chosen or not chosen <= {"12", "14", "check"}:
         raise fail(f"--figures: expected 12, 14 and/or check, got {figures!r}")
     if "check" in chosen:
-        _sim_check(engine_profile, slots=slots, seeds=seeds, jobs=jobs, workloads=workloads, out=out)
+        _sim_check(engine_profile, slots=slots, seeds=seeds, jobs=jobs, workloads=workloads, systems=systems,
+                   ours=ours, out=out)
         chosen.discard("check")
         if not chosen:
             return
@@ -187,24 +191,32 @@ def sim_sweep(
         typer.echo(line)
 
 
-def _sim_check(engine_profile: str, *, slots: str, seeds: str, jobs: int, workloads: str | None, out: Path) -> None:
+def _sim_check(engine_profile: str, *, slots: str, seeds: str, jobs: int, workloads: str | None,
+               systems: str | None, ours: str, out: Path) -> None:
     """``sim sweep --figures check``: ``sim-check.json``, its table and ``sim-check.png``."""
     import json
 
-    from autellix.sim.sweep import CHECK_LOADS, check, check_table, plot_check
+    from autellix.sim.sweep import CHECK_LOADS, CHECK_SYSTEMS, check, check_table, plot_check
 
     try:
         slot_list = [int(n) for n in slots.split(",") if n.strip()]
         seed_list = [int(n) for n in seeds.split(",") if n.strip()]
     except ValueError:
         raise fail("--slots and --seeds: expected comma-separated integers") from None
-    if not set(slot_list) <= set(CHECK_LOADS):
+    if not slot_list or not set(slot_list) <= set(CHECK_LOADS):
         raise fail(f"--slots: the check has loads for {', '.join(map(str, CHECK_LOADS))} slots")
     names = comma_list(workloads) if workloads else list(CHECK_LOADS[32])
     unknown = [w for w in names if w not in CHECK_LOADS[32]]
     if unknown:
         raise fail(f"unknown workload(s) {unknown}; expected some of {', '.join(CHECK_LOADS[32])}")
-    report = check(engine_profile, slots=slot_list, workloads=names, seeds=seed_list, jobs=jobs, progress=progress)
+    chosen = comma_list(systems) if systems else [*CHECK_SYSTEMS, *([ours] if ours not in CHECK_SYSTEMS else [])]
+    unknown = [n for n in [*chosen, ours] if n not in SYSTEMS]
+    if unknown:
+        raise fail(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
+    if ours not in chosen:
+        raise fail(f"--ours {ours!r} must be one of the systems run")
+    report = check(engine_profile, slots=slot_list, workloads=names, seeds=seed_list, systems=chosen, ours=ours,
+                   jobs=jobs, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sim-check.json"
     path.write_text(json.dumps(report, indent=2, default=str))

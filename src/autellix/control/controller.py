@@ -117,6 +117,11 @@ class CallSpec:
     stream: bool = False
     #: When the call reached the gateway (controller clock): the added latency counts from here.
     received: float | None = None
+    #: Ask the engine for a usage chunk on a stream (Chat and Completions; other APIs' streams end with it).
+    stream_usage: bool = False
+    #: The only engines that may run the call (one holds state the call needs: a stored response; a gateway's
+    #: subset hint); None: any that serves the model.
+    allowed_engines: Collection[str] | None = None
 
 
 @dataclass(slots=True)
@@ -186,6 +191,17 @@ def no_engine(model: str) -> APIError:
                     type="service_unavailable", code="no_engine_available")
 
 
+class NoAllowedEngine(APIError):
+    """None of the engines the call may run on (``CallSpec.allowed_engines``) takes a call now: each left the
+    pool, is unhealthy or is draining. A 503 here; a front door whose allowed engine holds state the call
+    needs says more (the Responses API: 404, the stored response is out of reach)."""
+
+    def __init__(self, engines: Collection[str]) -> None:
+        super().__init__(503, "No engine this call may run on can take it now.", type="service_unavailable",
+                         code="no_engine_available")
+        self.engines = tuple(engines)
+
+
 def every_attempt_failed(attempts: int) -> APIError:
     return APIError(502, f"Every engine tried ({attempts}) failed before answering the call.",
                     type="upstream_error", code="engine_failed")
@@ -217,12 +233,12 @@ class RequestController:
 
     # ---- what the engine is told ----------------------------------------------------
     def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str) -> SchedulingFields:
-        entry = self.store.entry(program_id)
+        """The program's standing for the engine: its tree's totals (a subagent ranks with its tree)."""
+        view = self.store.view(program_id)
         level = None
         if self.send_priority:
-            priority = self.store.priority(program_id) if self.policy.places_by_priority else 0.0
-            level = self.queues.level_for(priority)
-        return SchedulingFields(program=program_id, call=call_id, service=entry.service, wait=entry.waiting,
+            level = self.queues.level_for(view.priority if self.policy.places_by_priority else 0.0)
+        return SchedulingFields(program=program_id, call=call_id, service=view.service, wait=view.wait,
                                 thread=thread_id, level=level)
 
     # ---- one call -------------------------------------------------------------------
@@ -247,6 +263,11 @@ class RequestController:
             tried: set[str] = set()
             for number in range(1, self.retry.max_attempts + 1):
                 loads = self.engines.candidates(spec.model, exclude=tried)
+                if spec.allowed_engines is not None:
+                    loads = {e: load for e, load in loads.items() if e in spec.allowed_engines}
+                    if not loads and not tried:
+                        journal.result = "no_engine"
+                        raise NoAllowedEngine(spec.allowed_engines)
                 try:
                     route = self.balancer.choose(loads, prompt_tokens=spec.prompt_tokens,
                                                  pinned=self.store.pinned(program_id, spec.model))
@@ -260,7 +281,7 @@ class RequestController:
                 if number == 1 and spec.received is not None:
                     self.observer.routed(self.clock() - spec.received)
                 body = self.backend.annotate(spec.body, self.scheduling_fields(program_id, owner.thread_id, call_id),
-                                             stream=spec.stream)
+                                             stream=spec.stream_usage)
                 attempt: Attempt[Any] = Attempt(call_id, program_id, engine, number, spec.path, body, spec.stream,
                                                 state.settle)
                 # Counted in flight from the routing decision, not from the engine's
@@ -326,9 +347,9 @@ class _Settlement:
             self.status = outcome.status
         if not c.store.is_active(self.program_id, self.call_id):
             return  # the session was ended while the call ran
-        record = None
+        record = outcome.record if outcome is not None else None
         try:
-            if self._asks_record(outcome):
+            if record is None and self._asks_record(outcome):
                 assert self.engine is not None
                 record = await c.engines.call_record(self.engine, self.call_id)
         finally:
@@ -390,6 +411,20 @@ class _Settlement:
         return 0.0
 
 
-__all__ = ["RECENT_CALLS", "Attempt", "AttemptLog", "CallLog", "CallSpec", "ControllerObserver", "EngineCall",
-           "EngineDirectory", "EngineFailure", "NullObserver", "RequestController", "RetryPolicy",
-           "every_attempt_failed", "no_engine"]
+__all__ = [
+    "RECENT_CALLS",
+    "Attempt",
+    "AttemptLog",
+    "CallLog",
+    "CallSpec",
+    "ControllerObserver",
+    "EngineCall",
+    "EngineDirectory",
+    "EngineFailure",
+    "NoAllowedEngine",
+    "NullObserver",
+    "RequestController",
+    "RetryPolicy",
+    "every_attempt_failed",
+    "no_engine",
+]

@@ -61,12 +61,12 @@ simulator its virtual one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from autellix.control.recent import RecentIds
-from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, UnknownProgram
+from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, ProgramView, UnknownProgram
 
 #: Ended ids remembered so that late calls get a clear 404: at most this many (about 200 bytes
 #: each), and each for ``ended_ttl`` seconds (``autellix.control.recent``).
@@ -107,8 +107,9 @@ class ProgramStore(Protocol):
 
     # ---- sessions: written through ------------------------------------------------
     async def open(self, program_id: str, now: float, *, owner: str | None = None,
-                   implicit: bool = False) -> ProgramEntry:
-        """A new program; ``DuplicateProgram`` if the id is live."""
+                   implicit: bool = False, parent: str | None = None) -> ProgramEntry:
+        """A new program; ``DuplicateProgram`` if the id is live; with ``parent`` (a live program this store
+        holds: ``UnknownProgram`` otherwise) a subagent of it, ranked with its tree (``autellix.core``)."""
         ...
 
     async def load(self, program_id: str) -> ProgramEntry | None:
@@ -139,6 +140,10 @@ class ProgramStore(Protocol):
     def is_active(self, program_id: str, call_id: str) -> bool: ...
 
     def priority(self, program_id: str) -> float: ...
+
+    def view(self, program_id: str) -> ProgramView:
+        """The program's standing as the queues read it: its tree's service and waiting."""
+        ...
 
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
                      thread_id: str | None = None) -> ActiveCall: ...
@@ -172,6 +177,12 @@ class ProgramStore(Protocol):
 
     def __len__(self) -> int: ...
 
+    # ---- optional: a shared store checks programs it takes over --------------------------
+    def check_takeovers(self, witness: ServiceWitness, observe: Callable[[str, float], None] | None = None) -> None:
+        """Check every program taken over from another replica against ``witness`` (the engines); a
+        store that never takes programs over (one replica) does nothing."""
+        ...
+
 
 class MemoryProgramStore:
     """The default: everything in this process (one gateway, the simulator).
@@ -199,8 +210,8 @@ class MemoryProgramStore:
 
     # ---- sessions ------------------------------------------------------------------------
     async def open(self, program_id: str, now: float, *, owner: str | None = None,
-                   implicit: bool = False) -> ProgramEntry:
-        return self.table.start(program_id, self._tick(now), owner=owner, implicit=implicit)
+                   implicit: bool = False, parent: str | None = None) -> ProgramEntry:
+        return self.table.start(program_id, self._tick(now), owner=owner, implicit=implicit, parent=parent)
 
     async def load(self, program_id: str) -> ProgramEntry | None:
         return self.table.get(program_id)
@@ -242,6 +253,9 @@ class MemoryProgramStore:
 
     def priority(self, program_id: str) -> float:
         return self.table.priority(program_id)
+
+    def view(self, program_id: str) -> ProgramView:
+        return self.table.view(program_id)
 
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
                      thread_id: str | None = None) -> ActiveCall:
@@ -292,6 +306,9 @@ class MemoryProgramStore:
 
     def __contains__(self, program_id: object) -> bool:
         return program_id in self.table
+
+    def check_takeovers(self, witness: ServiceWitness, observe: Callable[[str, float], None] | None = None) -> None:
+        """Nothing to check: this store never takes a program over from another replica."""
 
 
 __all__ = ["CHECK_OUTCOMES", "ENDED_MEMORY", "EngineService", "MemoryProgramStore", "ProgramStore", "ServiceWitness",

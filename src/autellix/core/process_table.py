@@ -4,6 +4,20 @@ Like an OS process table, it holds what the scheduler and the load balancer need
 to reason about a whole program rather than one call: attained service (PLAS or
 ATLAS, per the policy), queued time, the engine it is pinned to, its active
 calls (threads) and when it last did anything. Time is always passed in.
+
+Subagents. A program may be started as a subagent of a live program (its
+``parent``); the parent's tree (its root and every subagent below it, at any
+depth) is ranked as one program: every member's calls get the priority of the
+tree's total service, and anti-starvation reads the tree's total waiting, as
+if the subagents' calls were the root's own parallel threads. Each member keeps
+its own entry (its calls, service, tokens, life) for the process table's views.
+The tree's totals are the root's own service and waiting plus what its
+members added (``subtree_service``, ``subtree_waiting``, kept on the root and
+grown by every member's finished call); a member that leaves keeps its share
+there. ATLAS's critical path runs across the tree too: a subagent starts from
+its parent's path at the moment it was spawned, and the root's ``tree_path`` is
+the longest path of any member. A member whose root has left is ranked on its
+own tree from then on (its own totals).
 """
 
 from __future__ import annotations
@@ -69,6 +83,16 @@ class ProgramEntry:
     owner: str | None = None
     #: Created on first use of an agent session header rather than POST /v1/sessions.
     implicit: bool = False
+    #: The program that spawned this one (a subagent's parent), and the root of their tree.
+    parent: str | None = None
+    root: str | None = None
+    #: On a tree's root: what its subagents' calls added (live or gone), and the longest critical path of
+    #: any member. A lone program has none: its tree is itself.
+    subtree_service: float = 0.0
+    subtree_waiting: float = 0.0
+    tree_path: float = 0.0
+    #: On a tree's root: its live subagents, at any depth.
+    members: set[str] = field(default_factory=set)
 
     @property
     def last_activity(self) -> float:
@@ -98,7 +122,21 @@ class ProgramEntry:
             "last_arrival": self.last_arrival,
             "last_finish": self.last_finish,
             "implicit": self.implicit,
+            "parent": self.parent,
+            "root": self.root,
+            "subagents": sorted(self.members),
+            "tree": {"service": self.tree_service, "waiting": self.tree_waiting,
+                     "critical_path": max(self.tree_path, self.critical_path)},
         }
+
+    @property
+    def tree_service(self) -> float:
+        """On a root: the service of its whole tree (a lone program's own)."""
+        return self.service + self.subtree_service
+
+    @property
+    def tree_waiting(self) -> float:
+        return self.waiting + self.subtree_waiting
 
 
 class ProcessTable:
@@ -128,16 +166,25 @@ class ProcessTable:
             raise UnknownProgram(program_id) from None
 
     # ---- sessions ---------------------------------------------------------
-    def start(self, program_id: str, now: float, *, owner: str | None = None, implicit: bool = False) -> ProgramEntry:
+    def start(self, program_id: str, now: float, *, owner: str | None = None, implicit: bool = False,
+              parent: str | None = None) -> ProgramEntry:
+        """A new program; with ``parent`` (a live program: ``UnknownProgram`` otherwise), a subagent of it."""
         if program_id in self._programs:
             raise DuplicateProgram(program_id)
         entry = ProgramEntry(program_id=program_id, created_at=now, owner=owner, implicit=implicit)
+        if parent is not None:
+            spawner = self[parent]
+            root = self.tree_root(spawner)
+            entry.parent, entry.root = parent, root.program_id
+            entry.critical_path = spawner.critical_path  # the chain so far leads into the subagent
+            root.members.add(program_id)
         self._programs[program_id] = entry
         return entry
 
     def end(self, program_id: str) -> ProgramEntry:
         entry = self[program_id]
         del self._programs[program_id]
+        self._left(entry)
         return entry
 
     def expire(self, now: float) -> list[ProgramEntry]:
@@ -148,17 +195,34 @@ class ProcessTable:
         ]
         for entry in stale:
             del self._programs[entry.program_id]
+        for entry in stale:
+            self._left(entry)
         return stale
 
+    def _left(self, entry: ProgramEntry) -> None:
+        """A member left its tree (its share stays in the root's totals); a root that left frees its members."""
+        root = self._programs.get(entry.root) if entry.root is not None else None
+        if root is not None:
+            root.members.discard(entry.program_id)
+        for member_id in entry.members:
+            member = self._programs.get(member_id)
+            if member is not None:
+                member.root = None
+
     # ---- priorities -------------------------------------------------------
+    def tree_root(self, entry: ProgramEntry) -> ProgramEntry:
+        """The root of the program's tree: itself, unless it is a subagent whose root is live."""
+        root = self._programs.get(entry.root) if entry.root is not None else None
+        return root if root is not None else entry
+
     def priority(self, program_id: str) -> float:
-        """The priority every active call of the program shares right now."""
-        return self[program_id].service
+        """The priority every active call of the program (and of its whole tree) shares right now."""
+        return self.tree_root(self[program_id]).tree_service
 
     def view(self, program_id: str) -> ProgramView:
-        """What the multi-level queue reads for placement and anti-starvation."""
-        entry = self[program_id]
-        return ProgramView(priority=entry.service, wait=entry.waiting, service=entry.service)
+        """What the multi-level queue reads for placement and anti-starvation: the tree's totals."""
+        root = self.tree_root(self[program_id])
+        return ProgramView(priority=root.tree_service, wait=root.tree_waiting, service=root.tree_service)
 
     # ---- calls ------------------------------------------------------------
     def call_arrived(
@@ -198,9 +262,15 @@ class ProcessTable:
         entry = self[program_id]
         call = self._active(entry, call_id)
         del entry.active[call_id]
+        before = entry.service
         entry.service = self.policy.attained_service(entry.service, call.inherited, model_time)
         entry.critical_path = max(entry.critical_path, call.inherited_path + model_time)
         entry.waiting += wait
+        root = self.tree_root(entry)
+        if root is not entry:
+            root.subtree_service += entry.service - before
+            root.subtree_waiting += wait
+            root.tree_path = max(root.tree_path, entry.critical_path)
         entry.calls_done += 1
         entry.prompt_tokens += prompt_tokens
         entry.completion_tokens += completion_tokens
@@ -213,6 +283,9 @@ class ProcessTable:
         self._active(entry, call_id)
         del entry.active[call_id]
         entry.waiting += max(wait, 0.0)
+        root = self.tree_root(entry)
+        if root is not entry:
+            root.subtree_waiting += max(wait, 0.0)
         entry.calls_aborted += 1
         entry.last_finish = now
         return entry

@@ -15,6 +15,10 @@ Paths and the record are part of the wire contract (``autellix.protocol``):
 * ``GET /autellix/v1/calls/{call_id}?wait=S``: the record of a finished call
   (read once: it is removed), waiting up to ``S`` seconds for it to arrive; 404
   when there is none.
+  A call sent with the header ``X-Autellix-Call`` (the gateway's call id) whose
+  record is in when its answer's headers go out gets it in the answer instead,
+  as the header ``X-Autellix-Record``, and is not kept for the GET (nearly every
+  whole call; ``autellix.protocol.RECORD_HEADER``).
 * ``GET /autellix/v1/info``: the plugin's scheduler and parameters, 404 while
   no Autellix scheduler runs behind this server.
 * ``GET /autellix/v1/programs/{program_id}`` (the id percent-encoded): this
@@ -54,6 +58,7 @@ from typing import Any
 import orjson
 
 from autellix.protocol import (
+    CALL_HEADER,
     ENGINE_TOKEN_ENV,
     ENGINE_TOKEN_HEADER,
     FEEDBACK_CALLS_PATH,
@@ -62,7 +67,9 @@ from autellix.protocol import (
     FEEDBACK_PREFIX,
     FEEDBACK_PROGRAMS_PATH,
     FEEDBACK_WAIT_PARAM,
+    RECORD_HEADER,
     ProgramService,
+    record_header_value,
 )
 
 log = logging.getLogger("autellix.engine.feedback")
@@ -72,6 +79,8 @@ ENV_ADDR = "AUTELLIX_FEEDBACK_ADDR"
 #: the preStop drain (``autellix engine drain-wait``). They reveal load, not calls.
 OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version", "/load"})
 _TOKEN_HEADER = ENGINE_TOKEN_HEADER.lower().encode()
+_CALL_HEADER = CALL_HEADER.lower().encode()
+_RECORD_HEADER = RECORD_HEADER.lower().encode()
 #: Unread records kept; a gateway that never asks cannot make the server grow.
 MAX_RECORDS = 100_000
 #: Programs whose tally is kept (about 200 bytes each), the least recently served dropped first.
@@ -215,10 +224,26 @@ class FeedbackMiddleware:
                 "type": "authentication_error", "code": "invalid_engine_token"}})
             return
         if scope["type"] != "http" or not scope["path"].startswith(FEEDBACK_PREFIX):
-            await self.app(scope, receive, send)
+            call_id = _header(scope, _CALL_HEADER) if self.store is not None else None
+            await self.app(scope, receive, send if call_id is None else self._with_record(send, call_id))
             return
         status, body = await self._answer(scope)
         await _respond(send, status, body)
+
+    def _with_record(self, send: Any, call_id: str) -> Any:
+        """``send``, adding the call's record to a 200 answer's headers if it is in by then."""
+        store = self.store
+        assert store is not None
+
+        async def send_with_record(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message.get("status") == 200:
+                record = store.take(call_id)
+                if record is not None:
+                    value = record_header_value(record).encode()
+                    message = {**message, "headers": [*message.get("headers", ()), (_RECORD_HEADER, value)]}
+            await send(message)
+
+        return send_with_record
 
     async def _answer(self, scope: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if scope["method"] != "GET":
@@ -245,6 +270,11 @@ async def _respond(send: Any, status: int, body: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": orjson.dumps(body)})
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    value = next((v for n, v in scope.get("headers", ()) if n == name), None)
+    return value.decode("latin-1") if value else None
 
 
 def _wait(scope: dict[str, Any]) -> float:

@@ -11,7 +11,11 @@ Loaded through vLLM's KV transfer configuration (no vLLM source is changed)::
 preemption hook on the scheduler side, so Autellix's scheduler
 (``AutellixScheduler._preempt_request``, which both its own preemptions and
 vLLM's KV-pressure preemptions go through) calls :meth:`swap_out` with the
-request's blocks just before vLLM frees them. Then, per step:
+request's blocks just before vLLM frees them. The same pool keeps paused
+programs' prefixes that KV retention gives up under memory pressure
+(:meth:`offload_prefix`, ``autellix.engine.kv_retention``: rows reserved at
+once, each block copied only when vLLM reuses it) until the program's next
+call takes them (:meth:`adopt_prefix`). Then, per step:
 
 * scheduler side: when the step's metadata is built, its swapped-out requests
   get one contiguous run of rows in the :class:`HostBlockPool` (evicting the
@@ -35,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
@@ -97,6 +102,15 @@ class SwapJob:
 
 
 @dataclass
+class _LazyPrefix:
+    """An offloaded prefix whose blocks are saved as they are reused: under ``key`` (the
+    program's, then its next call's) while ``alive`` (its host rows are still its own)."""
+
+    key: str
+    alive: bool = True
+
+
+@dataclass
 class SwapMetadata(KVConnectorMetadata):
     saves: list[SwapJob] = field(default_factory=list)
     loads: list[SwapJob] = field(default_factory=list)
@@ -110,6 +124,7 @@ STAT_KEYS = (
     "in_bytes", "in_blocks", "in_transfers", "in_batches", "in_seconds",
     "swapped_out", "restored", "restored_tokens", "prefix_cache_covered",
     "fallback_no_space", "fallback_evicted", "resumes", "recomputed_tokens",
+    "prefixes_out", "prefixes_adopted", "prefix_blocks_saved",
 )
 
 
@@ -162,6 +177,12 @@ class KVSwapPromMetrics(KVConnectorPromMetrics):
             "recomputed_tokens": ("vllm:autellix_kv_swap_recomputed_tokens",
                                   "Already computed tokens computed again after preemption"),
             "resumes": ("vllm:autellix_kv_swap_resumes", "Preempted requests scheduled again"),
+            "prefixes_out": ("vllm:autellix_kv_swap_prefixes_out",
+                             "Paused programs' prefixes offloaded to the host pool under memory pressure"),
+            "prefixes_adopted": ("vllm:autellix_kv_swap_prefixes_adopted",
+                                 "Offloaded prefixes handed to their program's next call"),
+            "prefix_blocks_saved": ("vllm:autellix_kv_swap_prefix_blocks_saved",
+                                    "Blocks of offloaded prefixes copied to the host pool as vLLM reused them"),
         }
         plain_metrics = {key: counter(name=name, documentation=doc, labelnames=labelnames)
                          for key, (name, doc) in plain.items()}
@@ -207,6 +228,9 @@ class AutellixSwapConnector(KVConnectorBase_V1):
         self._saves: list[SwapJob] = []
         self._loads: list[SwapJob] = []
         self._evicted: set[str] = set()
+        # offloaded prefixes, saved block by block as vLLM reuses their blocks
+        self._lazy_owners: dict[str, _LazyPrefix] = {}
+        self._lazy_blocks: dict[int, list[tuple[_LazyPrefix, int]]] = {}
         # worker side
         self.mover: KVBlockMover | None = None
         log.info("%s (%s): host pool of %d blocks", CONNECTOR, role.name.lower(), self.capacity)
@@ -229,7 +253,7 @@ class AutellixSwapConnector(KVConnectorBase_V1):
         if len(device) < blocks:  # fewer blocks than computed tokens: nothing sound to keep
             return False
         self._evicted.discard(request.request_id)
-        self.pool.release(request.request_id)  # a stale entry (never restored): replace it
+        self._release(request.request_id)  # a stale entry (never restored): replace it
         self._outgoing[request.request_id] = (tuple(device), computed)
         return True
 
@@ -249,7 +273,7 @@ class AutellixSwapConnector(KVConnectorBase_V1):
                     self._count("fallback_no_space", 1)
                 else:
                     entries.append(entry)
-        self._evicted.update(evicted)
+        self._lost(evicted)
         for entry in entries:
             self._saves.append(SwapJob(entry.request_id, self._outgoing[entry.request_id][0], tuple(entry.rows())))
             self._count("swapped_out", 1)
@@ -259,6 +283,72 @@ class AutellixSwapConnector(KVConnectorBase_V1):
         """From the scheduler's ResumeAccounting: the step's resumed requests."""
         self._count("resumes", resumes)
         self._count("recomputed_tokens", recomputed_tokens)
+
+    def free_rows(self) -> int:
+        return self.capacity - self.pool.used
+
+    # ---- scheduler side: paused programs' prefixes (``autellix.engine.kv_retention``) ----------
+    def offload_prefix(self, key: str, block_ids: Sequence[int], tokens: int) -> bool:
+        """A paused program's held prefix is given up: reserve host rows for its blocks
+        under ``key``. Nothing is copied yet: the scheduler releases the blocks with
+        :meth:`block_reused` as vLLM's reuse watcher, and a block is saved to its row
+        in the step that reuses it (before that step's model runner writes it), so a
+        prefix that survives in the prefix cache costs no transfer."""
+        if not block_ids or tokens <= 0:
+            return False
+        self._release(key)
+        entry, evicted = self.pool.reserve(key, len(block_ids), tokens)
+        self._lost(evicted)
+        if entry is None:
+            self._count("fallback_no_space", 1)
+            return False
+        owner = _LazyPrefix(key)
+        self._lazy_owners[key] = owner
+        for row, block in zip(entry.rows(), block_ids, strict=True):
+            self._lazy_blocks.setdefault(block, []).append((owner, row))
+        self._count("prefixes_out", 1)
+        return True
+
+    def block_reused(self, block: KVCacheBlock) -> None:
+        """vLLM hands a released block out again (``BlockPool.unpin_blocks``' watcher): the
+        offloaded prefixes it belongs to keep a copy, saved in this step's batch."""
+        for owner, row in self._lazy_blocks.pop(block.block_id, ()):
+            if owner.alive:
+                self._saves.append(SwapJob(owner.key, (block.block_id,), (row,)))
+                self._count("prefix_blocks_saved", 1)
+
+    def adopt_prefix(self, key: str, request_id: str, tokens: int) -> bool:
+        """The program's next call starts with the first ``tokens`` of the prefix under
+        ``key``: the rows become the call's (blocks still to be saved go to them too), and
+        vLLM loads what its prefix cache no longer holds, as for a resumed call."""
+        entry = self.pool.get(key)
+        if entry is None or request_id in self.pool or request_id in self._outgoing:
+            return False
+        self.pool.rekey(key, request_id, min(tokens, entry.tokens))
+        owner = self._lazy_owners.pop(key)
+        owner.key = request_id
+        self._lazy_owners[request_id] = owner
+        self._count("prefixes_adopted", 1)
+        return True
+
+    def forget_prefix(self, key: str) -> None:
+        self._release(key)
+
+    def _release(self, key: str) -> None:
+        """Drop ``key``'s rows (and its blocks' pending saves)."""
+        self.pool.release(key)
+        owner = self._lazy_owners.pop(key, None)
+        if owner is not None:
+            owner.alive = False
+
+    def _lost(self, keys: Iterable[str]) -> None:
+        """Entries the pool evicted to make room: a preempted call recomputes; a prefix is gone."""
+        for key in keys:
+            owner = self._lazy_owners.pop(key, None)
+            if owner is None:
+                self._evicted.add(key)
+            else:
+                owner.alive = False
 
     # ---- scheduler side: vLLM's interface ------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -279,7 +369,7 @@ class AutellixSwapConnector(KVConnectorBase_V1):
         entry = self.pool.get(request_id)
         if entry is None:
             return
-        self.pool.release(request_id)
+        self._release(request_id)
         if num_external_tokens <= 0:
             self._count("prefix_cache_covered", 1)
             return
@@ -305,7 +395,7 @@ class AutellixSwapConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         # finished or aborted while swapped out: its rows are free again
-        self.pool.release(request.request_id)
+        self._release(request.request_id)
         self._outgoing.pop(request.request_id, None)
         self._evicted.discard(request.request_id)
         return False, None
@@ -331,7 +421,9 @@ class AutellixSwapConnector(KVConnectorBase_V1):
 
     def reset_cache(self) -> bool | None:
         # the swapped-out requests recompute when they resume, as after an eviction
-        self._evicted.update(self.pool.release_all())
+        for key in self.pool.release_all():
+            self._lost((key,))
+        self._lazy_blocks.clear()
         return True
 
     # ---- worker side ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Bookkeeping for swapped-out KV, free of vLLM and torch (unit-tested directly).
 
-* :class:`HostBlockPool`: which host rows hold which preempted request's blocks.
+* :class:`HostBlockPool`: which host rows hold which preempted request's blocks
+  (or which paused program's prefix, until its next call takes them: ``rekey``).
   Bounded (``capacity`` rows, fixed at start), least recently swapped out
   evicted first, each request's blocks one contiguous run of rows (so its swap
   is one host transfer). A request that does not fit even in an empty pool is
@@ -102,6 +103,19 @@ class HostBlockPool:
             entries.append(entry)
             start += blocks
         return entries, evicted
+
+    def rekey(self, old_id: str, new_id: str, tokens: int) -> PoolEntry:
+        """Hand ``old_id``'s rows to ``new_id``, covering its first ``tokens`` tokens
+        (a paused program's offloaded prefix, taken by the program's next call)."""
+        if new_id in self._entries:
+            raise ValueError(f"request {new_id!r} already holds host rows")
+        entry = self._entries.pop(old_id)
+        if not 0 < tokens <= entry.tokens:
+            self._entries[old_id] = entry
+            raise ValueError(f"{new_id!r} can take 1 to {entry.tokens} tokens of {old_id!r}, not {tokens}")
+        moved = PoolEntry(new_id, entry.start, entry.blocks, tokens)
+        self._entries[new_id] = moved
+        return moved
 
     def release(self, request_id: str) -> PoolEntry | None:
         """Drop a request's entry (restored, finished or no longer needed). Its

@@ -25,6 +25,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+#: Host memory reserved for the KV cache, per block of the tiny model (2 layers x K/V x 128 tokens x
+#: 2 KV heads x 32 x float32 is 64 KiB; four times that): the cache holds exactly ``kv_blocks``, and an
+#: explicit size keeps vLLM from reserving a share of the machine's memory, which a busy machine may lack.
+KV_BYTES_PER_BLOCK_BOUND = 256 << 10
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -53,7 +58,7 @@ def prompts(s: Scenario) -> list[list[int]]:
     return [[rng.randrange(256) for _ in range(s.prompt_tokens)] for _ in range(s.requests)]
 
 
-def _randomize_weights(seed: int) -> Any:
+def randomize_weights(seed: int) -> Any:
     """vLLM's dummy weights are uniform in +-1e-3: attention is then almost
     uniform and the tiny model repeats two tokens whatever its KV holds. Seeded
     weights of a usual scale make every token depend on the cached context, so
@@ -76,7 +81,6 @@ def _randomize_weights(seed: int) -> Any:
 
 def run(s: Scenario) -> dict[str, Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm import LLM, SamplingParams
@@ -93,10 +97,11 @@ def run(s: Scenario) -> dict[str, Any]:
                                        kv_connector_extra_config={"host_pool_blocks": s.host_pool_blocks})
     llm = LLM(model=str(build_tiny_model(default_model_dir())), load_format="dummy", dtype="float32", seed=s.seed,
               max_model_len=s.prompt_tokens + s.max_tokens + 128, num_gpu_blocks_override=s.kv_blocks,
+              kv_cache_memory_bytes=s.kv_blocks * KV_BYTES_PER_BLOCK_BOUND,
               max_num_seqs=s.max_num_seqs, enable_prefix_caching=s.prefix_caching, scheduler_cls=SCHEDULER_CLS,
               scheduling_policy="priority", async_scheduling=False, kv_transfer_config=kv_transfer,
               enforce_eager=s.enforce_eager)
-    llm.apply_model(_randomize_weights(s.seed))
+    llm.apply_model(randomize_weights(s.seed))
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     params = SamplingParams(max_tokens=s.max_tokens, temperature=0.0, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in prompts(s)]

@@ -33,6 +33,8 @@ SCHEDULER_CLS = "autellix.engine.scheduler.AutellixScheduler"
 #: Stock vLLM scheduling with each step recorded (``autellix.engine.step_trace``).
 TRACED_SCHEDULER_CLS = "autellix.engine.scheduler.TracedScheduler"
 FEEDBACK_MIDDLEWARE = "autellix.engine.feedback.FeedbackMiddleware"
+#: Every engine keeps its stored Responses API responses bounded (``autellix.engine.responses_store``).
+RESPONSES_MIDDLEWARE = "autellix.engine.responses_store.ResponsesStoreBound"
 
 
 def scheduler_args(scheduler: str) -> list[str]:
@@ -40,9 +42,10 @@ def scheduler_args(scheduler: str) -> list[str]:
     middleware that carries each call's execution time back to the gateway)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown engine scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+    bound = ["--middleware", RESPONSES_MIDDLEWARE]
     if scheduler == "fcfs":
-        return ["--scheduling-policy", "fcfs"]
-    args = ["--scheduling-policy", "priority"]
+        return ["--scheduling-policy", "fcfs", *bound]
+    args = ["--scheduling-policy", "priority", *bound]
     if scheduler == "autellix":
         # the plugin preempts between steps, which needs the synchronous loop
         # (vLLM turns async scheduling off on CPU anyway; on GPU it defaults on)
@@ -125,6 +128,8 @@ def engine_env(port: int, config: SchedulerConfig | None = None, *, token: str |
         env[ENGINE_TOKEN_ENV] = token
     env[ENV_ADDR] = feedback_addr_for(port)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # stored responses (previous_response_id), bounded by the responses middleware (autellix.engine.responses_store)
+    env.setdefault("VLLM_ENABLE_RESPONSES_API_STORE", "1")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a model hub

@@ -30,7 +30,7 @@ from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD
 #: and re-placement. Demotion is checked every planning step (only calls that
 #: ran can use up a quantum); the sweep touches every call, so it runs at most
 #: this often. Promotion thresholds are beta x seconds of service, so 20 ms late
-#: changes nothing, and a step stays O(running calls) (bench/scheduler_step.py).
+#: changes nothing, and a step stays O(running calls) (experiments/scheduler_step_time.py).
 SWEEP_INTERVAL_S = 0.02
 
 #: The ``vllm_xargs`` keys the gateway sends and the record published for each
@@ -47,15 +47,20 @@ class CallIdentity:
     gateway_call: str | None = None
     service: float | None = None
     wait: float | None = None
+    #: False when the request is a program of its own (no program id, no session): it never comes back.
+    named: bool = True
 
     @classmethod
     def of(cls, request_id: str, extra_args: Mapping[str, Any] | None, session_id: str | None) -> CallIdentity:
         extra = extra_args or {}
         program = extra.get(XARG_PROGRAM)
+        named = True
         if not isinstance(program, str) or not program:
+            named = bool(session_id)
             program = f"session:{session_id}" if session_id else f"request:{request_id}"
         return cls(
             program_id=program,
+            named=named,
             thread_id=_text(extra.get(XARG_THREAD)),
             gateway_call=_text(extra.get(XARG_CALL)),
             service=_number(extra.get(XARG_SERVICE)),
@@ -92,6 +97,10 @@ class CallPlanner:
 
     def __len__(self) -> int:
         return len(self.queue)
+
+    def identity(self, call_id: str) -> CallIdentity | None:
+        """Who a queued call belongs to (None once it left)."""
+        return self._identity.get(call_id)
 
     def rank(self, call_id: str) -> int:
         call = self.queue.get(call_id)

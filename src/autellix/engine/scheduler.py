@@ -20,6 +20,11 @@ rewrites, ``Scheduler.schedule``:
    (synchronously here), so that interval is each scheduled call's model time.
    Quanta count in scheduler steps: one decode token, or one prefill chunk.
 
+4. KV retention across tool pauses (``autellix.engine.kv_retention``): when a
+   program's last call leaves, its prefix is held for the program's next call
+   and given back, in the order ``autellix.core.kv_retention`` decides, when
+   an allocation finds the free list short.
+
 Subclassing ``Scheduler`` (through ``TracedScheduler``, which records each
 step when ``AUTELLIX_STEP_TRACE`` is set), not ``AsyncScheduler``: vLLM forces async scheduling
 off on CPU; on GPU run with ``--no-async-scheduling`` (engine-image does), since
@@ -42,7 +47,15 @@ from vllm.v1.request import Request, RequestStatus
 from autellix.core import SchedulerConfig
 from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.feedback import FeedbackPublisher
+from autellix.engine.kv_connector import AutellixSwapConnector
 from autellix.engine.kv_pool import ResumeAccounting
+from autellix.engine.kv_retention import (
+    HostSwap,
+    NoHostSwap,
+    PrefixRetention,
+    RetainingKVCacheManager,
+    retention_enabled,
+)
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.engine.step_trace import StepTrace
 
@@ -97,8 +110,19 @@ class AutellixScheduler(TracedScheduler):
         self.planner = CallPlanner(self.autellix_config)
         self.feedback = FeedbackPublisher.from_env()
         self._steps = 0
+        self._left = 0
         # tokens recomputed after preemption (docs/kv-swap.md)
         self.kv_resume = ResumeAccounting()
+        # the swap connector, when loaded, keeps preempted calls' and paused programs' KV in host memory
+        self.host_swap: HostSwap = (self.connector if isinstance(self.connector, AutellixSwapConnector)
+                                    else NoHostSwap())
+        manager = self.kv_cache_manager
+        hold = (retention_enabled() and bool(self.cache_config.enable_prefix_caching)
+                and len(self.kv_cache_config.kv_cache_groups) == 1
+                and manager.block_pool.hash_block_size == self.block_size)
+        self.retention = PrefixRetention(manager, self.block_size, self.host_swap, hold=hold)
+        if hold:
+            RetainingKVCacheManager.adopt(manager, self.retention, time.monotonic)
         if self.feedback is not None:
             self.feedback.publish("hello", {"scheduler": "autellix", "pid": os.getpid(),
                                             "config": self.autellix_config.to_mapping(),
@@ -111,13 +135,25 @@ class AutellixScheduler(TracedScheduler):
         if request.request_id not in self.requests:
             params = request.sampling_params
             who = CallIdentity.of(request.request_id, params.extra_args if params else None, request.session_id)
-            request.priority = self.planner.arrive(request.request_id, who, time.monotonic()).rank
+            now = time.monotonic()
+            request.priority = self.planner.arrive(request.request_id, who, now).rank
+            self.retention.arrived(who.program_id, request, now, named=who.named)
         super().add_request(request)
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Every way out (stop, length, abort, error) passes here exactly once.
         finished = request.status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
-        record = self.planner.leave(request.request_id, time.monotonic(), finished=finished)
+        now = time.monotonic()
+        who = self.planner.identity(request.request_id)
+        if who is not None:  # before vLLM frees its blocks: the program's prefix may be held
+            if finished:
+                self.retention.finished(who.program_id, request, now, named=who.named)
+            else:
+                self.retention.aborted(who.program_id, request, now)
+            self._left += 1
+            if self._left % 256 == 0:
+                self.retention.expire(now, self.autellix_config.program_idle_ttl)
+        record = self.planner.leave(request.request_id, now, finished=finished)
         if record is not None and record.call is not None and self.feedback is not None:
             self.feedback.publish("call", record.to_dict())
         self.kv_resume.forget((request.request_id,))
@@ -129,22 +165,28 @@ class AutellixScheduler(TracedScheduler):
             self._replan(time.monotonic())
         output = super().schedule(*args, **kwargs)
         self.planner.started(output.num_scheduled_tokens)
+        for new in output.scheduled_new_reqs:  # first admissions: the prefix they found, held or not
+            who = self.planner.identity(new.req_id)
+            if who is not None:
+                self.retention.admitted(who.program_id, self.requests[new.req_id], new.num_computed_tokens)
         if self.kv_resume.preempted:
             resumes = self.kv_resume.resumes
             recomputed = self.kv_resume.scheduled(output.num_scheduled_tokens, self.requests)
-            count = getattr(self.connector, "count_resumed", None)
-            if count is not None and self.kv_resume.resumes > resumes:
-                count(self.kv_resume.resumes - resumes, recomputed)
+            if self.kv_resume.resumes > resumes:
+                self.host_swap.count_resumed(self.kv_resume.resumes - resumes, recomputed)
         return output
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        # held prefixes are references vLLM's reset would find still taken
+        self.retention.release_all()
+        return super().reset_prefix_cache(*args, **kwargs)
 
     def _preempt_request(self, request: Request, timestamp: float, *args: Any, **kwargs: Any) -> None:
         # Every preemption (ours and vLLM's under KV pressure) passes here while the
         # request still holds its blocks: the swap connector, when loaded, copies
         # them to host memory in this step instead of letting them be recomputed.
         self.kv_resume.preempting(request.request_id, request.num_computed_tokens)
-        swap_out = getattr(self.connector, "swap_out", None)
-        if swap_out is not None:
-            swap_out(request, self.kv_cache_manager.get_block_ids(request.request_id))
+        self.host_swap.swap_out(request, self.kv_cache_manager.get_block_ids(request.request_id))
         super()._preempt_request(request, timestamp, *args, **kwargs)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -176,7 +218,7 @@ class AutellixScheduler(TracedScheduler):
         request = self.requests[request_id]
         computed = request.num_computed_tokens
         block_size = self.block_size
-        capacity = getattr(self.connector, "capacity", 0) if getattr(self.connector, "swap_out", None) else 0
+        capacity = self.host_swap.capacity
         return lost_kv_tokens(computed, block_size=block_size, swappable=-(-computed // block_size) <= capacity,
                               kv_usage=self.kv_cache_manager.usage,
                               prefix_caching=bool(self.cache_config.enable_prefix_caching))

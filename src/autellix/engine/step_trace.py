@@ -26,7 +26,7 @@ nothing else, for the systems that run without the plugin; ``AutellixScheduler``
 traces the same way. This module imports nothing of vLLM's, so the benchmark
 can read traces without it.
 ``autellix bench sweep --trace-steps`` runs a benchmark with the trace on, and
-``bench/step_trace.py`` compares its steps with the profile's cost and with
+``experiments/engine_steps_vs_profile.py`` compares its steps with the profile's cost and with
 the simulator's steps.
 """
 

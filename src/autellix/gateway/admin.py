@@ -5,9 +5,10 @@ Nothing here is reachable on the tenants' port. Routes (``autellix.protocol``):
 * ``GET /admin/engines``: the engine pool (URLs, health, load, draining, breaker);
 * ``POST /admin/engines/drain`` and ``/undrain`` ``{"url": ...}``;
 * ``GET /admin/calls?limit=N``: the last calls and their attempts;
-* ``POST /admin/sessions {"tenant": NAME|null}``: a session owned by that
-  tenant (the operator opens an AgentProgram's session for the key its Job
-  calls with, holding no tenant key itself); ``GET``/``DELETE
+* ``POST /admin/sessions {"tenant": NAME|null, "parent": ID|null}``: a session
+  owned by that tenant (the operator opens an AgentProgram's session for the
+  key its Job calls with, holding no tenant key itself), a subagent of the
+  tenant's session ``parent`` if one is named; ``GET``/``DELETE
   /admin/sessions/{id}``: any tenant's session;
 
 Every route needs an admin key (``Authorization: Bearer``), unless no admin
@@ -18,16 +19,19 @@ keys.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
 from aiohttp import web
 
 from autellix.control.keys import TENANT_NAME, KeyRing
-from autellix.gateway.errors import APIError, bad_request, error_response
+from autellix.control.sessions import session_not_found
+from autellix.core import ProgramEntry
+from autellix.gateway.bodies import json_answer, read_json
+from autellix.gateway.errors import APIError, GatewayRunner, bad_request, error_response, from_http_exception
 from autellix.gateway.openapi import OPENAPI_PATH, admin_document
+from autellix.gateway.parts import Gateway
+from autellix.gateway.views import engine_label, session_view
 from autellix.protocol import (
     ADMIN_CALLS_PATH,
     ADMIN_DRAIN_PATH,
@@ -38,26 +42,17 @@ from autellix.protocol import (
     SESSION_OBJECT,
 )
 
-if TYPE_CHECKING:
-    from autellix.gateway.app import Gateway
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-ADMIN_GATEWAY = web.AppKey("admin_gateway", object)
-ADMIN_KEYS = web.AppKey("admin_keys", object)
-
-
-def _gateway(request: web.Request) -> Gateway:
-    return request.app[ADMIN_GATEWAY]  # type: ignore[return-value]
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
+ADMIN_GATEWAY: web.AppKey[Gateway] = web.AppKey("admin_gateway", Gateway)
+ADMIN_KEYS: web.AppKey[KeyRing | None] = web.AppKey("admin_keys", object)  # type: ignore[arg-type]
+#: Largest admin request body.
+ADMIN_MAX_BODY = 64 * 1024
 
 
 @web.middleware
 async def admin_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Admin key first, then the route; every error in OpenAI's shape."""
-    keys: KeyRing | None = request.app[ADMIN_KEYS]  # type: ignore[assignment]
+    keys = request.app[ADMIN_KEYS]
     try:
         if keys is not None and keys.identify(request.headers.get("Authorization")) is None:
             raise APIError(401, "Invalid or missing admin key (Authorization: Bearer ...).",
@@ -66,34 +61,22 @@ async def admin_middleware(request: web.Request, handler: Handler) -> web.Stream
     except APIError as exc:
         return error_response(exc)
     except web.HTTPException as exc:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status, "http_error")
-        return error_response(APIError(exc.status, exc.reason, code=code))
-
-
-async def _read_json(request: web.Request) -> Any:
-    try:
-        return orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"Invalid JSON body: {exc}.", code="invalid_json") from None
+        return error_response(from_http_exception(exc))
 
 
 async def list_engines(request: web.Request) -> web.Response:
-    from autellix.gateway.app import engine_label
-
-    gateway = _gateway(request)
-    assert gateway.pool is not None
-    engines = [{**e, "label": engine_label(e["url"])} for e in gateway.pool.describe()]
-    return web.json_response({"object": "list", "data": engines}, dumps=_dumps)
+    gateway = request.app[ADMIN_GATEWAY]
+    engines = [{**e, "label": engine_label(str(e["url"]))} for e in gateway.pool.describe()]
+    return json_answer({"object": "list", "data": engines})
 
 
 async def list_calls(request: web.Request) -> web.Response:
-    gateway = _gateway(request)
-    assert gateway.controller is not None
+    gateway = request.app[ADMIN_GATEWAY]
     raw = request.query.get("limit", "100")
     if not raw.isdigit() or not 1 <= int(raw) <= 1000:
         raise bad_request("'limit' must be an integer from 1 to 1000.", param="limit")
     calls = list(gateway.controller.recent)[::-1][:int(raw)]
-    return web.json_response({"object": "list", "data": [c.to_dict() for c in calls]}, dumps=_dumps)
+    return json_answer({"object": "list", "data": [c.to_dict() for c in calls]})
 
 
 def _engine_url(body: Any, known: set[str]) -> str:
@@ -108,86 +91,106 @@ def _engine_url(body: Any, known: set[str]) -> str:
 
 def _drain_handler(draining: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
-        gateway = _gateway(request)
-        assert gateway.pool is not None
-        url = _engine_url(await _read_json(request), set(gateway.pool.engines))  # every check before the change
-        if gateway.shared_drains is not None:  # shared first: a drain no other replica sees is refused
-            await gateway.shared_drains.set(url, draining)
+        gateway = request.app[ADMIN_GATEWAY]
+        url = _engine_url(await read_json(request), set(gateway.pool.engines))  # every check before the change
+        await gateway.drains.set(url, draining)  # shared first (store out of reach: written later)
         gateway.pool.set_draining(url, draining)
-        return web.json_response(next(e for e in gateway.pool.describe() if e["url"] == url), dumps=_dumps)
+        return json_answer(next(e for e in gateway.pool.describe() if e["url"] == url))
     return handler
 
 
-def _tenant(body: Any) -> str | None:
-    if not isinstance(body, dict) or set(body) - {"tenant"}:
-        raise bad_request('The body must be {"tenant": "<tenant name>"} (null: no tenant).', param="tenant")
-    tenant = body.get("tenant")
+def _session_body(body: Any) -> tuple[str | None, str | None]:
+    """``{"tenant": NAME|null, "parent": ID|null}``: the session's tenant and its parent session."""
+    if not isinstance(body, dict) or set(body) - {"tenant", "parent"}:
+        raise bad_request('The body must be {"tenant": "<tenant name>", "parent": "<session id>"} (both optional).',
+                          param="tenant")
+    tenant, parent = body.get("tenant"), body.get("parent")
     if tenant is not None and (not isinstance(tenant, str) or not TENANT_NAME.match(tenant)):
         raise bad_request(f"'tenant' must match {TENANT_NAME.pattern} or be null.", param="tenant")
-    return tenant
+    if parent is not None and (not isinstance(parent, str) or not parent):
+        raise bad_request("'parent' must be a session id (a non-empty string) or null.", param="parent")
+    return tenant, parent
 
 
 async def open_session(request: web.Request) -> web.Response:
-    """A session owned by the tenant named in the body (the key its Job calls with)."""
-    gateway = _gateway(request)
-    tenant = _tenant(await _read_json(request) if request.can_read_body else {})
-    now = time.monotonic()
-    gateway.limiter.check_session(tenant, now)  # the tenant's session bound holds for the operator too
-    entry = await gateway.sessions.open(now, tenant)
-    gateway.limiter.session_opened(tenant, entry.program_id, now)
-    return web.json_response({"id": entry.program_id, "object": SESSION_OBJECT, "tenant": tenant}, status=201,
-                             dumps=_dumps)
+    """A session owned by the tenant named in the body (the key its Job calls with), maybe a subagent."""
+    gateway = request.app[ADMIN_GATEWAY]
+    tenant, parent = _session_body(await read_json(request) if request.can_read_body else {})
+    entry = await gateway.open_session(tenant, parent)  # the tenant's session bound holds for the operator too
+    return json_answer({"id": entry.program_id, "object": SESSION_OBJECT, "tenant": tenant, "parent": entry.parent},
+                       status=201)
 
 
-async def _owned(gateway: Gateway, session_id: str) -> Any:
-    from autellix.control.sessions import session_not_found
-
+async def _any_session(gateway: Gateway, session_id: str) -> ProgramEntry:
     entry = await gateway.store.load(session_id)
     if entry is None:
         raise session_not_found(session_id, await gateway.store.ended(session_id))
     return entry
 
 
-async def get_session(request: web.Request) -> web.Response:
-    from autellix.gateway.app import session_view
-
-    gateway = _gateway(request)
-    entry = await _owned(gateway, request.match_info["session_id"])
+def _admin_view(gateway: Gateway, entry: ProgramEntry) -> dict[str, Any]:
     view = session_view(entry, gateway.store.pins(entry.program_id), engine_addresses=True)
-    return web.json_response({**view, "tenant": entry.owner}, dumps=_dumps)
+    return {**view, "tenant": entry.owner}
+
+
+async def get_session(request: web.Request) -> web.Response:
+    gateway = request.app[ADMIN_GATEWAY]
+    entry = await _any_session(gateway, request.match_info["session_id"])
+    return json_answer(_admin_view(gateway, entry))
 
 
 async def end_session(request: web.Request) -> web.Response:
-    from autellix.gateway.app import session_view
-
-    gateway = _gateway(request)
+    gateway = request.app[ADMIN_GATEWAY]
     session_id = request.match_info["session_id"]
-    entry = await _owned(gateway, session_id)
-    view = {**session_view(entry, gateway.store.pins(entry.program_id), engine_addresses=True),
-            "tenant": entry.owner}
-    await gateway.sessions.end(session_id, entry.owner)
-    gateway.limiter.session_closed(entry.owner, session_id, time.monotonic())
-    return web.json_response({**view, "deleted": True}, dumps=_dumps)
+    entry = await _any_session(gateway, session_id)
+    view = _admin_view(gateway, entry)
+    await gateway.end_session(session_id, entry.owner)
+    return json_answer({**view, "deleted": True})
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(admin_document(), dumps=_dumps)
+    return json_answer(admin_document())
 
 
 def create_admin_app(gateway: Gateway, keys: KeyRing | None) -> web.Application:
     """The admin plane of ``gateway``; ``keys`` None: no key asked (loopback only)."""
-    app = web.Application(client_max_size=64 * 1024, middlewares=[admin_middleware])
+    app = web.Application(client_max_size=ADMIN_MAX_BODY, middlewares=[admin_middleware])
     app[ADMIN_GATEWAY] = gateway
     app[ADMIN_KEYS] = keys
-    app.router.add_get(ADMIN_ENGINES_PATH, list_engines)
-    app.router.add_post(ADMIN_DRAIN_PATH, _drain_handler(True))
-    app.router.add_post(ADMIN_UNDRAIN_PATH, _drain_handler(False))
-    app.router.add_get(ADMIN_CALLS_PATH, list_calls)
-    app.router.add_post(ADMIN_SESSIONS_PATH, open_session)
-    app.router.add_get(ADMIN_SESSION_ROUTE, get_session)
-    app.router.add_delete(ADMIN_SESSION_ROUTE, end_session)
-    app.router.add_get(OPENAPI_PATH, openapi)
+    app.add_routes([web.get(ADMIN_ENGINES_PATH, list_engines), web.post(ADMIN_DRAIN_PATH, _drain_handler(True)),
+                    web.post(ADMIN_UNDRAIN_PATH, _drain_handler(False)), web.get(ADMIN_CALLS_PATH, list_calls),
+                    web.post(ADMIN_SESSIONS_PATH, open_session), web.get(ADMIN_SESSION_ROUTE, get_session),
+                    web.delete(ADMIN_SESSION_ROUTE, end_session), web.get(OPENAPI_PATH, openapi)])
     return app
 
 
-__all__ = ["create_admin_app"]
+class AdminListener:
+    """The admin plane on its own host and port (0: any free port; ``url`` says which once it serves)."""
+
+    def __init__(self, gateway_of: Callable[[], Gateway], keys: KeyRing | None, host: str, port: int,
+                 server_limits: dict[str, int]) -> None:
+        self.gateway_of, self.keys, self.host, self.port = gateway_of, keys, host, port
+        self.server_limits = server_limits
+        self._url: str | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self._url
+
+    async def start(self) -> None:
+        self._runner = GatewayRunner(create_admin_app(self.gateway_of(), self.keys), access_log=None,
+                                     **self.server_limits)  # type: ignore[arg-type]
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._url = f"http://{self.host}:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+__all__ = ["AdminListener", "create_admin_app"]

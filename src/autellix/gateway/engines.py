@@ -49,9 +49,12 @@ DEFAULT_SECONDS_PER_TOKEN = 0.02
 
 
 class Discovery(Protocol):
-    """Where engines come from. ``urls`` is polled; a change joins or drops engines."""
+    """Where engines come from. ``urls`` is polled; a change joins or drops engines. ``aclose`` lets go of
+    what it holds (a watch's connection) when the pool stops."""
 
     async def urls(self) -> set[str]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class StaticDiscovery:
@@ -60,6 +63,9 @@ class StaticDiscovery:
 
     async def urls(self) -> set[str]:
         return set(self._urls)
+
+    async def aclose(self) -> None:
+        return None
 
 
 @dataclass
@@ -101,14 +107,6 @@ class EngineState:
         """The engine's ``/v1/models`` list (malformed entries dropped)."""
         self.models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
         self.model_ids = frozenset(m["id"] for m in self.models if isinstance(m.get("id"), str))
-
-
-#: The engine metrics the pool reads (vLLM's: the backend names them). vLLM's
-#: ``/metrics`` runs to hundreds of lines (histogram buckets); parsing only these
-#: keeps the scrape that every gateway makes of every engine each second off the CPU.
-POOL_METRICS = VllmBackend.pool_metrics
-#: The one parser of engine metrics (``autellix.backends.metrics``), under its old name.
-parse_vllm_metrics = parse_metrics
 
 
 class EnginePool:
@@ -262,9 +260,7 @@ class EnginePool:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        close = getattr(self.discovery, "aclose", None)  # a watching discovery holds a connection
-        if close is not None:
-            await close()
+        await self.discovery.aclose()
 
     async def _loop(self) -> None:
         while True:

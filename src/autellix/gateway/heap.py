@@ -3,7 +3,7 @@
 asyncio reads a socket into a new 256 KiB buffer and shrinks it to what came. glibc maps blocks
 over its mmap threshold (128 KiB at start) but raises the threshold past any mapped block that is
 freed, so soon every read buffer is cut from the heap, and its shrunk remainder, alive while its
-data is, pins the pages around it. Under the soak (``bench/soak.py``) the heap's free memory grew
+data is, pins the pages around it. Under the soak (``experiments/soak.py``) the heap's free memory grew
 about 1 MiB a minute with what it held in use flat, and the gateway's RSS with it.
 
 Fixing the threshold (``mallopt``) keeps read buffers mapped, but then every read maps and unmaps

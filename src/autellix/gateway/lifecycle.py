@@ -7,10 +7,17 @@
   without it the in-memory store, as before. With a store, engine drains live in
   it too (:class:`~autellix.control.shared_drains.SharedDrains`): a drain sent to any
   replica applies on all.
-* **Ready** (``/ready`` 200) only while at least one engine is healthy (the
-  gateway's own rule), the store answers (pinged every second) and the process is
-  not stopping. A store that does not answer at start does not stop the process
-  (in a cluster Redis may start after it); it stays unready until the store answers.
+* **Ready** (``/ready`` 200) while at least one engine is healthy (the gateway's
+  own rule) and the process is not stopping. The store is not part of it: a store
+  out of reach is out of reach for every replica at once, and if that made them
+  unready, Envoy would have no replica left to send a call to. A replica serves on
+  from its local copies instead (``autellix.control.redis_store``, "When the store
+  is out of reach"), and says so in ``/metrics``.
+* **Store health** (with a store) in ``/metrics``: ``autellix_store_up`` (the last
+  look at the store, every second, succeeded), ``autellix_store_errors_total{op}``
+  (operations that could not reach it), ``autellix_store_outages_total``,
+  ``autellix_store_provisional_programs_total`` (programs served here without being
+  held, during an outage) and ``autellix_store_written_back_programs_total``.
 * **SIGTERM** (or SIGINT): ``/ready`` turns 503 at once, so the health checks of
   Envoy (every 1 s, out after 2 failures) send new calls elsewhere; the process
   keeps listening and serving what still arrives meanwhile; once no call or
@@ -32,25 +39,29 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from autellix import protocol
 from autellix.control.recent import RecentIds
 from autellix.control.store import ProgramStore
 from autellix.core import Policy
 from autellix.gateway.errors import GatewayRunner
 from autellix.protocol import (
-    CHAT_COMPLETIONS_PATH,
-    COMPLETIONS_PATH,
     HEALTH_PATH,
     IMPLICIT_SESSION_HEADERS,
     METRICS_PATH,
     READY_PATH,
     SESSION_HEADER,
 )
+
+if TYPE_CHECKING:  # the store's module needs redis, which only a gateway with --store has
+    from autellix.control.redis_store import RedisProgramStore, StoreHealth
 
 log = logging.getLogger("autellix.gateway.lifecycle")
 
@@ -59,7 +70,7 @@ log = logging.getLogger("autellix.gateway.lifecycle")
 UNREADY_HOLD_S = 2.5
 #: A ``/ready`` request within this many seconds means a health checker is watching.
 CHECKED_WITHIN_S = 5.0
-#: Seconds between two pings of the store, and how long one may take.
+#: Seconds between two looks at the store, and how long one may take.
 STORE_CHECK_INTERVAL_S = 1.0
 #: Program keys remembered for the per-replica program counter: at most this many, each until it
 #: has not been seen for ``Lifecycle.key_ttl`` seconds (the program idle TTL: by then its program
@@ -67,7 +78,7 @@ STORE_CHECK_INTERVAL_S = 1.0
 PROGRAM_KEYS_REMEMBERED = 100_000
 #: Requests that are not calls: never counted in flight, never delay a stop.
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH})
-CALL_PATHS = frozenset({CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH})
+CALL_PATHS = frozenset(protocol.CALL_PATHS)  # every call API (Chat, Completions, Responses, Messages)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -82,16 +93,53 @@ def program_key(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-class Lifecycle:
-    """Readiness beyond the engines, the drain on SIGTERM, and the per-replica counters of one gateway."""
+@dataclass(frozen=True)
+class StoreProbe:
+    """The shared store as a gateway's life cycle watches it: a look at it (``ping``: when the store answers
+    again, this replica's programs are written back first) and what it says of itself (``health``)."""
 
-    def __init__(self, *, replica: str, shutdown_grace: float = 30.0,
-                 store_ping: Callable[[], Awaitable[object]] | None = None, key_ttl: float = 600.0) -> None:
+    ping: Callable[[], Awaitable[None]]
+    health: StoreHealth
+
+    async def __call__(self) -> None:
+        await self.ping()
+
+
+class StoreHealthCollector:
+    """The store's health as Prometheus metrics, read at each scrape."""
+
+    def __init__(self, health: StoreHealth) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        health = self.health
+        yield GaugeMetricFamily("autellix_store_up", "1 while the shared program store answers, else 0",
+                                value=int(health.up))
+        errors = CounterMetricFamily("autellix_store_errors", "Store operations that could not reach the store",
+                                     labels=["op"])
+        for operation, count in sorted(health.errors.items()):
+            errors.add_metric([operation], count)
+        yield errors
+        yield CounterMetricFamily("autellix_store_outages", "Times the store went out of reach",
+                                  value=health.outages)
+        yield CounterMetricFamily("autellix_store_provisional_programs",
+                                  "Programs served here without being held, while the store was out of reach",
+                                  value=health.provisional)
+        yield CounterMetricFamily("autellix_store_written_back_programs",
+                                  "Programs written back to the store when it answered again",
+                                  value=health.written_back)
+
+
+class Lifecycle:
+    """Readiness beyond the engines, the drain on SIGTERM, the store's health, and the per-replica counters
+    of one gateway."""
+
+    def __init__(self, *, replica: str, shutdown_grace: float = 30.0, store_ping: StoreProbe | None = None,
+                 key_ttl: float = 600.0) -> None:
         self.replica = replica
         self.shutdown_grace = shutdown_grace
+        #: The shared store's probe (``open_store``), looked at every second; None without a store.
         self.store_ping = store_ping
-        #: The store answered its last ping (always, without a store).
-        self.store_ok = store_ping is None
         self.stopping = False
         self.inflight = 0
         self._last_checked = -float("inf")
@@ -107,32 +155,22 @@ class Lifecycle:
     # ---- readiness -------------------------------------------------------------
     def not_ready(self) -> str | None:
         """Why ``/ready`` must answer 503 whatever the engines; None if nothing here stands in the way."""
-        if self.stopping:
-            return "stopping"
-        if not self.store_ok:
-            return "store_unreachable"
-        return None
+        return "stopping" if self.stopping else None
 
     async def _watch_store(self) -> None:
+        """Look at the store every second, so that a replica with no call in flight also writes its programs
+        back soon after the store answers again (the store logs and counts what it finds)."""
         assert self.store_ping is not None
         while True:
-            try:
+            with contextlib.suppress(Exception):  # out of reach: the store counted it; serve on, look again
                 await asyncio.wait_for(self.store_ping(), STORE_CHECK_INTERVAL_S)
-                ok = True
-            except Exception as exc:  # any failure to answer is "unreachable"
-                ok = False
-                if self.store_ok:
-                    log.warning("program store unreachable: %r", exc)
-            if ok and not self.store_ok:
-                log.info("program store reachable")
-            self.store_ok = ok
             await asyncio.sleep(STORE_CHECK_INTERVAL_S)
 
     # ---- in the app --------------------------------------------------------------
     def install(self, app: web.Application, registry: CollectorRegistry) -> None:
         """The counting middleware (outermost: it sees every call until its last byte), the counters
-        in ``registry`` (the gateway's own), and the store watch on the app's life."""
-        self._calls = Counter("autellix_replica_calls", "Calls (chat, completions) served by this replica",
+        and the store's health in ``registry`` (the gateway's own), and the store watch on the app's life."""
+        self._calls = Counter("autellix_replica_calls", "Calls (every call API) served by this replica",
                               ["replica"], registry=registry)
         self._program_count = Counter(
             "autellix_replica_programs",
@@ -141,6 +179,8 @@ class Lifecycle:
         # the labelled children, looked up once (the hot path)
         self._calls_here = self._calls.labels(self.replica)
         self._programs_here = self._program_count.labels(self.replica)
+        if self.store_ping is not None:
+            registry.register(StoreHealthCollector(self.store_ping.health))
         app[LIFECYCLE_KEY] = self
         app.middlewares.insert(0, self._middleware)
         app.on_startup.append(self._start)
@@ -243,12 +283,13 @@ def run_gateway(app: web.Application, lifecycle: Lifecycle, host: str, port: int
         asyncio.run(_serve(app, lifecycle, host, port, print_fn, server_kwargs or {}))
 
 
-def open_store(url: str, policy: Policy, idle_ttl: float) -> tuple[ProgramStore, Callable[[], Awaitable[object]],
+def open_store(url: str, policy: Policy, idle_ttl: float) -> tuple[ProgramStore, StoreProbe,
                                                                    Callable[[], Awaitable[None]]]:
-    """The shared store at ``url`` (``redis://`` or ``rediss://``): the store, its ping, its close."""
+    """The shared store at ``url`` (``redis://`` or ``rediss://``): the store, its probe (for ``Lifecycle``),
+    its close."""
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"--store: expected a redis:// URL, got {url!r}")
     from autellix.control.redis_store import RedisProgramStore
 
-    store = RedisProgramStore(url, policy, idle_ttl=idle_ttl)
-    return store, store.redis.ping, store.close
+    store: RedisProgramStore = RedisProgramStore(url, policy, idle_ttl=idle_ttl)
+    return store, StoreProbe(store.ping, store.health), store.close

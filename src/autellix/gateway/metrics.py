@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway, in a registry of its own (one per app)."""
+"""Prometheus metrics of the gateway, in a registry of its own (one per app), and the controller's events as them."""
 
 from __future__ import annotations
 
@@ -79,3 +79,26 @@ class GatewayMetrics:
         if child is None:
             child = self._requests[(route, status)] = self.requests.labels(route, str(status))
         child.inc()
+
+
+class MetricsObserver:
+    """The request controller's events (``autellix.control.ControllerObserver``) as this registry's metrics."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.m = metrics
+        self._attempts: dict[str, Any] = {}  # labelled children, looked up once (the hot path)
+        self._sources: dict[str, Any] = {}
+
+    def routed(self, added_latency: float) -> None:
+        self.m.added_latency.observe(added_latency)
+
+    def attempt(self, reason: str, retried: bool) -> None:
+        child = self._attempts.get(reason) or self._attempts.setdefault(reason, self.m.attempts.labels(reason))
+        child.inc()
+        if retried:
+            self.m.retries.inc()
+
+    def settled(self, source: str, wait: float) -> None:
+        child = self._sources.get(source) or self._sources.setdefault(source, self.m.model_time_source.labels(source))
+        child.inc()
+        self.m.call_wait.observe(wait)

@@ -1,4 +1,4 @@
-"""Run the gateway app until interrupted."""
+"""Run the gateway process until interrupted: the app from the composition root, served on its port."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import logging
 import os
 import socket
 
-from aiohttp import web
-
-from autellix.core import policy_by_name
-from autellix.gateway.app import GATEWAY_KEY, SERVER_LIMITS, GatewayConfig, create_app
-from autellix.gateway.heap import heap_trim_every, install_heap_trim
-from autellix.gateway.lifecycle import Lifecycle, open_store, run_gateway
+from autellix.gateway.compose import SERVER_LIMITS, create_app
+from autellix.gateway.config import GatewayConfig
+from autellix.gateway.heap import heap_trim_every
+from autellix.gateway.lifecycle import LIFECYCLE_KEY, run_gateway
+from autellix.gateway.parts import GATEWAY_KEY
 
 
 class ExposedError(RuntimeError):
@@ -25,33 +24,9 @@ def serve(config: GatewayConfig, host: str, port: int, *, print_fn=print, store_
     and ``autellix.control.keys.KeysError`` when a key source is empty or broken (fail closed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trim_every = heap_trim_every(os.environ)  # a bad value is refused before anything is opened
-    # store, readiness, SIGTERM and the per-replica counters: autellix.gateway.lifecycle
-    store = ping = close_store = None
-    if store_url is not None:
-        store, ping, close_store = open_store(store_url, policy_by_name(config.scheduler.policy),
-                                              config.scheduler.program_idle_ttl)
-    app = create_app(config, store=store)
-    gateway = app[GATEWAY_KEY]
-    problem = gateway.exposure_error(host)
+    app = create_app(config, store_url=store_url, replica=replica or f"{socket.gethostname()}:{port}",
+                     shutdown_grace=shutdown_grace, heap_trim_every=trim_every)
+    problem = app[GATEWAY_KEY].exposure_error(host)
     if problem is not None:
         raise ExposedError(problem)
-    lifecycle = Lifecycle(replica=replica or f"{socket.gethostname()}:{port}", shutdown_grace=shutdown_grace,
-                          store_ping=ping, key_ttl=config.scheduler.program_idle_ttl)
-    lifecycle.install(app, gateway.metrics.registry)
-    install_heap_trim(app, trim_every)
-    if store_url is not None:
-        from autellix.control.shared_drains import SharedDrains  # redis: only with a store
-
-        gateway.shared_drains = SharedDrains(store_url, poll_interval=config.poll_interval)
-
-        async def start_drains(_app: web.Application) -> None:  # after the gateway's start: its pool exists
-            gateway.shared_drains.start(gateway.pool)
-
-        async def close_shared(_app: web.Application) -> None:  # after the gateway's cleanup, which flushes
-            await gateway.shared_drains.stop()
-            assert close_store is not None
-            await close_store()
-
-        app.on_startup.append(start_drains)
-        app.on_cleanup.append(close_shared)
-    run_gateway(app, lifecycle, host, port, print_fn=print_fn, server_kwargs=SERVER_LIMITS)
+    run_gateway(app, app[LIFECYCLE_KEY], host, port, print_fn=print_fn, server_kwargs=SERVER_LIMITS)

@@ -22,9 +22,12 @@ from aiohttp import web
 
 from autellix.backends import CallOutcome, EngineBackend
 from autellix.control.controller import EngineFailure
+from autellix.gateway.dialects import Dialect, StreamReader
+from autellix.protocol import RECORD_HEADER, CallRecord
 
 #: Response headers that describe the upstream connection, not the content.
-HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date", "server"}
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date", "server",
+               RECORD_HEADER.lower()}  # the engine's record is for the gateway, not the client
 
 
 class EngineUnreachable(EngineFailure):
@@ -49,10 +52,6 @@ class ResponseCut(EngineFailure):
 
     def __init__(self, detail: str) -> None:
         super().__init__("body_cut", detail, retryable=False)
-
-
-#: The outcome of one call, under its old name.
-Outcome = CallOutcome
 
 
 #: Longest SSE line relayed (a logprobs chunk can run to megabytes); a longer one cuts the stream
@@ -114,42 +113,37 @@ def _copy_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
 
 
-async def relay_whole(upstream: aiohttp.ClientResponse, backend: EngineBackend) -> tuple[web.Response, CallOutcome]:
+def _outcome(upstream: aiohttp.ClientResponse) -> CallOutcome:
+    """The answer's outcome so far: its status, and the engine's record of the call if its
+    headers carry one (``autellix.protocol.RECORD_HEADER``; a malformed one is ignored)."""
+    outcome = CallOutcome(upstream.status)
+    value = upstream.headers.get(RECORD_HEADER)
+    if value:
+        with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            data = orjson.loads(value)
+            outcome.record = CallRecord.from_dict(data) if isinstance(data, dict) else None
+    return outcome
+
+
+async def relay_whole(upstream: aiohttp.ClientResponse, dialect: Dialect,
+                      backend: EngineBackend) -> tuple[web.Response, CallOutcome]:
+    """The whole answer, read and passed on; its usage read by ``dialect``; an engine's error put in the
+    dialect's shape (``Dialect.engine_error``)."""
     try:
         raw = await upstream.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ResponseCut(repr(exc)) from exc
     finally:
         upstream.release()
-    outcome = CallOutcome(upstream.status)
+    outcome = _outcome(upstream)
     if upstream.status == 200:
         with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             answer = orjson.loads(raw)
             if isinstance(answer, dict):
-                backend.read_usage(answer, outcome)
+                dialect.read_usage(answer, outcome, backend)
     elif upstream.status >= 400:
-        raw = openai_error_shape(raw)
+        raw = dialect.engine_error(raw, upstream.status)
     return web.Response(status=upstream.status, body=raw, headers=_copy_headers(upstream)), outcome
-
-
-def openai_error_shape(raw: bytes) -> bytes:
-    """An engine's error in OpenAI's shape: vLLM says ``"code": 400`` (a number) where OpenAI's
-    ``code`` is a string or null (schemathesis found it against ``/openapi.json``)."""
-    try:
-        answer = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw
-    error = answer.get("error") if isinstance(answer, dict) else None
-    if not isinstance(error, dict):
-        return raw
-    changed = False
-    for name in ("code", "param", "type"):
-        value = error.get(name)
-        if value is not None and not isinstance(value, str):
-            error[name], changed = str(value), True
-    if not isinstance(error.get("message"), str):
-        error["message"], changed = str(error.get("message", "")), True
-    return orjson.dumps(answer) if changed else raw
 
 
 def _give_up(request: web.Request, outcome: CallOutcome) -> None:
@@ -158,32 +152,6 @@ def _give_up(request: web.Request, outcome: CallOutcome) -> None:
     if request.transport is not None:
         request.transport.abort()
     outcome.broken = True
-
-
-STREAM_CUT = orjson.dumps({"error": {
-    "message": "The engine's stream was cut before the call finished; the output above is incomplete.",
-    "type": "upstream_error", "code": "stream_interrupted", "param": None}})
-
-
-class _UsageChunk:
-    """Reads the usage chunk of a stream; drops it (and the blank line after it)
-    when the client did not ask for usage."""
-
-    def __init__(self, backend: EngineBackend, outcome: CallOutcome, client_wants_usage: bool) -> None:
-        self.backend, self.outcome, self.client_wants_usage = backend, outcome, client_wants_usage
-        self.skip_blank = False
-
-    def passes(self, line: bytes) -> bool:
-        if line.startswith(b"data: {") and b'"usage":{' in line:
-            chunk = orjson.loads(line[6:])
-            self.backend.read_usage(chunk, self.outcome)
-            if not self.client_wants_usage and not chunk.get("choices"):
-                self.skip_blank = True
-                return False
-        if self.skip_blank and line.strip() == b"":
-            self.skip_blank = False
-            return False
-        return True
 
 
 async def sse_lines(content: aiohttp.StreamReader, max_line: int = MAX_SSE_LINE) -> AsyncIterator[bytes]:
@@ -223,31 +191,33 @@ async def _write(request: web.Request, response: web.StreamResponse, data: bytes
         raise ClientTooSlow(f"the client read nothing for {write_timeout:g} s") from None
 
 
-async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, backend: EngineBackend,
-                       *, client_wants_usage: bool,
+async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
+                       reader_for: Callable[[CallOutcome], StreamReader], *,
                        on_done: Callable[[CallOutcome], Awaitable[None]] | None = None,
                        write_timeout: float | None = None,
                        ) -> tuple[web.StreamResponse, CallOutcome]:
-    """Pass SSE events through as they come; read usage from the final chunk.
+    """Pass SSE events through as they come; the API's ``StreamReader`` (``reader_for(outcome)``) reads
+    usage from them and may hold a line back (a usage chunk the client did not ask for).
 
-    The gateway asks the engine for a usage chunk; if the client did not, that
-    chunk (empty ``choices``) is dropped so the client sees what it asked for.
-    ``on_done`` runs before the closing ``[DONE]`` goes out, so a client that
-    reads its session right after a stream sees the call already settled.
+    ``on_done`` runs before the stream's last line goes out (``StreamReader.is_last``: ``[DONE]``,
+    a Responses stream's final event, Messages' ``message_stop``), so a client that reads its
+    session right after a stream sees the call already settled. A stream cut before that line ends
+    with the API's error event (``StreamReader.cut_event``).
     """
     response = web.StreamResponse(status=upstream.status, headers=_copy_headers(upstream))
-    outcome = CallOutcome(upstream.status)
-    usage = _UsageChunk(backend, outcome, client_wants_usage)
+    outcome = _outcome(upstream)
+    reader = reader_for(outcome)
     done = False
     try:
         async for line in sse_lines(upstream.content):
             if not response.prepared:  # headers go out with the first event, so an
                 await response.prepare(request)  # engine dying before it can still be retried
-            if not done and line.startswith(b"data: [DONE]"):
+            passes = reader.passes(line)
+            if not done and reader.is_last(line):
                 done = True
                 if on_done is not None:
                     await on_done(outcome)
-            if usage.passes(line):
+            if passes:
                 await _write(request, response, line, write_timeout)
     except ClientTooSlow:
         _give_up(request, outcome)
@@ -263,7 +233,7 @@ async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse, b
     try:
         if not done:  # cut, or closed without the closing event
             outcome.broken = True
-            await _write(request, response, b"data: " + STREAM_CUT + b"\n\n", write_timeout)
+            await _write(request, response, reader.cut_event(), write_timeout)
         await _write(request, response, None, write_timeout)
     except ClientTooSlow:
         _give_up(request, outcome)

@@ -12,3 +12,5 @@ ENGINE_KIND = "AutellixEngine"
 ENGINE_PLURAL = "autellixengines"
 PROGRAM_KIND = "AgentProgram"
 PROGRAM_PLURAL = "agentprograms"
+#: kopf's finalizer: only on an AgentProgram whose session is open (``handlers``).
+FINALIZER = f"{GROUP}/finalizer"

@@ -1,17 +1,22 @@
 """kopf handlers: a few lines each over the pure parts and the two clients.
 
-AutellixEngine: create/update/resume apply the Deployment, Service,
-PodDisruptionBudget (and InferencePool when enabled); events of those children
-(a delete, an edit, a rollout's progress) re-apply them and refresh the status;
-a timer autoscales, unless an HPA (or KEDA's) targets the engine. AgentProgram:
-create opens the session and starts the Job; a timer mirrors the session into
-status and ends it when the Job finishes (or is gone); delete (a finalizer)
-ends it too.
+AutellixEngine: create/update/resume apply its children (``engine_children``:
+Deployment, Service, PodDisruptionBudget, and an InferencePool when enabled) and
+write its status; events of those children (a delete, an edit, a rollout's
+progress) do the same, and so does the InferencePool CRD's arrival for the engines
+that went without their pool. The autoscaler is a pass over every served engine
+(``autoscale_engines``) that ``run.py`` repeats, not a kopf timer: a timer would
+put kopf's finalizer on every engine, and an engine needs none (its children carry
+owner references, and the garbage collector removes them), so deleting one never
+waits for an operator. AgentProgram: create opens the session and starts the Job;
+a timer mirrors the session into status and ends it when the Job finishes (or is
+gone); deleting a program whose session is open ends it too. Those are the only
+objects with the finalizer ``autellix.ai/finalizer``, and only while the session is
+open (``autellix kube release-finalizers`` is the way out when no operator runs).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -23,21 +28,30 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from autellix.kube import API_VERSION, ENGINE_KIND, ENGINE_PLURAL, GROUP, PROGRAM_KIND, PROGRAM_PLURAL, VERSION
+from autellix.kube import (
+    API_VERSION,
+    ENGINE_KIND,
+    ENGINE_PLURAL,
+    FINALIZER,
+    GROUP,
+    PROGRAM_KIND,
+    PROGRAM_PLURAL,
+    VERSION,
+)
 from autellix.kube.autoscaler import EngineLoad, Sample, desired_replicas, external_autoscalers, plan, trim
 from autellix.kube.conditions import condition, set_condition
 from autellix.kube.endpoints import endpoint_pods
 from autellix.kube.gateway_client import GatewayClient, GatewayError
 from autellix.kube.kubeapi import KubeApi, NotOwned, object_path
 from autellix.kube.manifests import (
+    INFERENCE_POOL_API,
+    INFERENCE_POOL_CRD,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     MANAGED_BY,
     POD_DELETION_COST,
-    engine_deployment,
-    engine_disruption_budget,
-    engine_inference_pool,
-    engine_service,
+    PickerSettings,
+    engine_children,
     job_name,
     job_outcome,
     program_job,
@@ -53,6 +67,10 @@ PROGRAMS = (GROUP, VERSION, PROGRAM_PLURAL)
 RUNNING_PHASES = ("Pending", "Running")
 #: The Autoscaling condition's reason while an HPA (or KEDA's) targets the engine.
 EXTERNAL_AUTOSCALER = "ExternalAutoscaler"
+#: The Reconciled condition's reason while the cluster has no InferencePool API (its CRD's arrival ends it).
+NO_INFERENCE_POOL_API = "NoInferencePoolAPI"
+#: Reconciled: (status, reason, message).
+Outcome = tuple[bool, str, str]
 
 
 @dataclass
@@ -67,7 +85,7 @@ class OperatorConfig:
     #: A Secret (data key ``token``) in each engine's namespace holding the token engines accept calls
     #: with (``autellix.protocol.ENGINE_TOKEN_ENV``); None: engines answer anyone who reaches them.
     engine_token_secret: str | None = None
-    #: Seconds between two autoscaler decisions of one AutellixEngine.
+    #: Seconds between two autoscaler passes over the engines.
     autoscale_interval: float = 15.0
     #: Seconds between two reads of a running AgentProgram's session.
     program_poll_interval: float = 5.0
@@ -75,8 +93,10 @@ class OperatorConfig:
     retry_backoff: float = 10.0
     #: The engine image of an AutellixEngine whose spec names none (the chart's image registry and tag).
     engine_image: str = DEFAULT_ENGINE_IMAGE
-    #: Also make a Gateway API InferencePool per engine (its CRD must be installed).
+    #: Also make a Gateway API InferencePool per engine (once its CRD is installed).
     inference_pool: bool = False
+    #: Also run ``autellix epp`` as each engine's endpoint picker (implies the InferencePool; docs/epp.md).
+    endpoint_picker: PickerSettings | None = None
 
 
 @dataclass
@@ -86,18 +106,38 @@ class Context:
     api: KubeApi
     gateway: GatewayClient
     config: OperatorConfig
+    #: The namespaces served; empty: the whole cluster.
+    namespaces: tuple[str, ...] = ()
     #: Engine URL -> when the autoscaler removed it (a pod on its way out is not counted again).
     removed: dict[str, float] = field(default_factory=dict)
-
-
-# ---- AutellixEngine ---------------------------------------------------------------
-def _engine_path(namespace: str, name: str, subresource: str | None = None) -> str:
-    return object_path(API_VERSION, ENGINE_KIND, namespace, name, subresource)
+    #: Engine uid -> its load samples within the autoscaler's windows.
+    history: dict[str, list[Sample]] = field(default_factory=dict)
 
 
 async def _write_status(ctx: Context, path: str, previous: dict[str, Any], changes: dict[str, Any]) -> None:
     if any(previous.get(k) != v for k, v in changes.items()):
         await ctx.api.merge_patch(path + "/status", {"status": changes})
+
+
+# ---- AutellixEngine ---------------------------------------------------------------
+def _engine_path(namespace: str, name: str) -> str:
+    return object_path(API_VERSION, ENGINE_KIND, namespace, name)
+
+
+async def served_engines(ctx: Context) -> list[dict[str, Any]]:
+    """Every AutellixEngine the operator serves: one list per namespace, or one of the whole cluster."""
+    if not ctx.namespaces:
+        return await ctx.api.list(f"/apis/{API_VERSION}/{ENGINE_PLURAL}")
+    return [e for ns in ctx.namespaces for e in await ctx.api.list(object_path(API_VERSION, ENGINE_KIND, ns))]
+
+
+async def write_engine_status(ctx: Context, engine: dict[str, Any], desired: int, deployment: dict[str, Any] | None,
+                              reconciled: Outcome) -> None:
+    """The engine's replicas, selector and Reconciled/Ready conditions, written when they changed."""
+    meta, status = engine["metadata"], engine.get("status") or {}
+    await _write_status(ctx, _engine_path(meta["namespace"], meta["name"]), status, engine_status(
+        status, desired=desired, deployment=deployment, reconciled=reconciled, now=now_iso(),
+        generation=meta.get("generation"), selector=selector_string(meta["name"])))
 
 
 async def scaled_by(ctx: Context, namespace: str, name: str) -> list[str]:
@@ -106,45 +146,50 @@ async def scaled_by(ctx: Context, namespace: str, name: str) -> list[str]:
     return external_autoscalers(hpas, name, GROUP)
 
 
+async def apply_children(ctx: Context, children: list[dict[str, Any]]) -> Outcome:
+    """Apply each child in turn; Reconciled says what was done. An InferencePool whose API the cluster
+    lacks (404) is reported, not raised: the engine serves without it until the CRD arrives."""
+    results: list[str] = []
+    for child in children:
+        try:
+            results.append(f"{child['kind']} {await ctx.api.apply(child)}")
+        except ApiException as exc:
+            if exc.status != 404 or child["kind"] != "InferencePool":
+                raise
+            return (False, NO_INFERENCE_POOL_API, f"InferencePool ({INFERENCE_POOL_API}) is not installed in the "
+                                                  f"cluster; the engine serves without it. {', '.join(results)}.")
+    return True, "Applied", ", ".join(results) + "."
+
+
 async def reconcile_engine(ctx: Context, engine: dict[str, Any]) -> EngineSpec:
     """Apply the engine's children and write its status (an invalid spec: kopf.PermanentError, reported)."""
-    meta, status = engine["metadata"], engine.get("status") or {}
-    name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
-    path, selector = _engine_path(namespace, name), selector_string(name)
+    meta = engine["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
     try:
         spec = parse_engine(engine.get("spec") or {}, default_image=ctx.config.engine_image)
     except SpecError as exc:
-        await _write_status(ctx, path, status, engine_status(
-            status, desired=0, deployment=None, reconciled=(False, "InvalidSpec", str(exc)), now=now_iso(),
-            generation=generation, selector=selector))
+        await write_engine_status(ctx, engine, 0, None, (False, "InvalidSpec", str(exc)))
         raise kopf.PermanentError(str(exc)) from None
     if spec.autoscaling.enabled and await scaled_by(ctx, namespace, name):  # its spec.replicas, unclamped
         spec = dataclasses.replace(spec, autoscaling=dataclasses.replace(spec.autoscaling, enabled=False))
-    deployment = engine_deployment(name, namespace, uid, spec, token_secret=ctx.config.engine_token_secret)
-    children = [deployment, engine_service(name, namespace, uid),
-                engine_disruption_budget(name, namespace, uid, spec)]
-    if ctx.config.inference_pool:
-        children.append(engine_inference_pool(name, namespace, uid, None))
-    results, reconciled = [], (True, "Applied", "")
+    children = engine_children(name, namespace, meta["uid"], spec, token_secret=ctx.config.engine_token_secret,
+                               inference_pool=ctx.config.inference_pool, picker=ctx.config.endpoint_picker)
     try:
-        for child in children:
-            results.append(f"{child['kind']} {await ctx.api.apply(child)}")
+        outcome = await apply_children(ctx, children)
     except NotOwned as exc:
-        await _write_status(ctx, path, status, engine_status(
-            status, desired=spec.desired_replicas, deployment=None, reconciled=(False, "NameTaken", str(exc)),
-            now=now_iso(), generation=generation, selector=selector))
+        await write_engine_status(ctx, engine, spec.desired_replicas, None, (False, "NameTaken", str(exc)))
         raise kopf.TemporaryError(str(exc), delay=ctx.config.retry_backoff * 6) from None
-    except ApiException as exc:
-        if exc.status != 404 or children[len(results)]["kind"] != "InferencePool":
-            raise
-        reconciled = (False, "NoInferencePoolAPI", "InferencePool (inference.networking.k8s.io/v1) is not "
-                                                   "installed in the cluster; the engine serves without it. ")
     live = await ctx.api.get(object_path("apps/v1", "Deployment", namespace, name))
-    message = reconciled[2] + ", ".join(results) + "."
-    await _write_status(ctx, path, status, engine_status(
-        status, desired=spec.desired_replicas, deployment=live, reconciled=(*reconciled[:2], message),
-        now=now_iso(), generation=generation, selector=selector))
+    await write_engine_status(ctx, engine, spec.desired_replicas, live, outcome)
     return spec
+
+
+async def reconcile_quietly(ctx: Context, engine: dict[str, Any]) -> None:
+    """``reconcile_engine`` where an invalid spec or a taken name is only reported in the engine's status."""
+    if engine["metadata"].get("deletionTimestamp"):
+        return  # being deleted: the garbage collector removes its children
+    with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):
+        await reconcile_engine(ctx, engine)
 
 
 def _owner(body: dict[str, Any], kind: str) -> str | None:
@@ -160,10 +205,18 @@ async def engine_child_event(ctx: Context, body: dict[str, Any]) -> None:
     if owner is None or namespace is None:
         return
     engine = await ctx.api.get(_engine_path(namespace, owner))
-    if engine is None or engine["metadata"].get("deletionTimestamp"):
-        return  # the engine is gone: the garbage collector removes its children
-    with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):  # reported in the engine's status
-        await reconcile_engine(ctx, engine)
+    if engine is not None:
+        await reconcile_quietly(ctx, engine)
+
+
+async def inference_pool_api_arrived(ctx: Context) -> None:
+    """The InferencePool CRD is established: apply the engines that went without their pool."""
+    for engine in await served_engines(ctx):
+        reconciled = condition((engine.get("status") or {}).get("conditions"), "Reconciled") or {}
+        if reconciled.get("reason") == NO_INFERENCE_POOL_API:
+            log.info("InferencePool API installed: applying %s/%s's pool", engine["metadata"]["namespace"],
+                     engine["metadata"]["name"])
+            await reconcile_quietly(ctx, engine)
 
 
 async def engine_loads(ctx: Context, namespace: str, name: str) -> list[EngineLoad]:
@@ -192,11 +245,12 @@ def autoscaling_condition(status: dict[str, Any], enabled: bool, external: list[
     return set_condition(status.get("conditions"), "Autoscaling", active, reason, message, now_iso())
 
 
-async def autoscale(ctx: Context, engine: dict[str, Any], memo: kopf.Memo, now: float) -> None:
-    """One autoscaler step: sample the load, decide, drain or undrain, remove drained engines, set replicas
-    (with autoscaling off, or an HPA or KEDA driving the engine: only show the load)."""
+async def autoscale(ctx: Context, engine: dict[str, Any], now: float) -> None:
+    """One autoscaler step of one engine: sample the load, decide, drain or undrain, remove drained engines,
+    set replicas (with autoscaling off, or an HPA or KEDA driving the engine: only show the load)."""
     meta, status = engine["metadata"], engine.get("status") or {}
     name, namespace = meta["name"], meta["namespace"]
+    path = _engine_path(namespace, name)
     try:
         spec = parse_engine(engine.get("spec") or {})
     except SpecError:
@@ -205,20 +259,19 @@ async def autoscale(ctx: Context, engine: dict[str, Any], memo: kopf.Memo, now: 
     external = await scaled_by(ctx, namespace, name)
     previous = condition(status.get("conditions"), "Autoscaling") or {}
     if autoscaling_condition(status, policy.enabled, external) != status.get("conditions"):
-        # Written whatever the load, onto the conditions as they are now: the timer's body may be older
+        # Written whatever the load, onto the conditions as they are now: the listed body may be older
         # than the Reconciled/Ready conditions an event handler wrote since.
         if external and policy.enabled and previous.get("reason") != EXTERNAL_AUTOSCALER:
             log.warning("autoscaler: %s/%s is scaled by %s: standing down", namespace, name, ", ".join(external))
-        fresh = (await ctx.api.get(_engine_path(namespace, name)) or {}).get("status") or {}
+        fresh = (await ctx.api.get(path) or {}).get("status") or {}
         status = {**status, "conditions": autoscaling_condition(fresh, policy.enabled, external)}
-        await ctx.api.merge_patch(_engine_path(namespace, name) + "/status",
-                                  {"status": {"conditions": status["conditions"]}})
+        await ctx.api.merge_patch(path + "/status", {"status": {"conditions": status["conditions"]}})
     engines = await engine_loads(ctx, namespace, name)
     if not policy.enabled or external:  # the load is still shown
-        await _write_status(ctx, _engine_path(namespace, name), status, load_status(engines))
+        await _write_status(ctx, path, status, load_status(engines))
         return
-    history = trim([*getattr(memo, "history", []), Sample(now, sum(e.load for e in engines))], policy, now)
-    memo.history = history
+    history = trim([*ctx.history.get(meta["uid"], []), Sample(now, sum(e.load for e in engines))], policy, now)
+    ctx.history[meta["uid"]] = history
     current = spec.desired_replicas
     step = plan(current, desired_replicas(history, current, policy, now), engines)
     for url in step.undrain:
@@ -232,12 +285,24 @@ async def autoscale(ctx: Context, engine: dict[str, Any], memo: kopf.Memo, now: 
         ctx.removed[gone.url] = now
     if step.replicas != engine.get("spec", {}).get("replicas"):
         log.info("autoscaler: %s/%s %s -> %s replicas", namespace, name, current, step.replicas)
-        await ctx.api.merge_patch(_engine_path(namespace, name), {"spec": {"replicas": step.replicas}})
+        await ctx.api.merge_patch(path, {"spec": {"replicas": step.replicas}})
     draining = set(step.drain) | {e.url for e in engines if e.draining and e.url not in step.undrain}
     shown = [dataclasses.replace(e, draining=e.url in draining) for e in engines if e not in step.remove]
     autoscaling = {"desiredReplicas": step.replicas, "draining": sorted(draining - {e.url for e in step.remove})}
-    await _write_status(ctx, _engine_path(namespace, name), status, {**load_status(shown),
-                                                                      "autoscaling": autoscaling})
+    await _write_status(ctx, path, status, {**load_status(shown), "autoscaling": autoscaling})
+
+
+async def autoscale_engines(ctx: Context, now: float) -> None:
+    """One autoscaler pass over every served engine (``run.py`` repeats it every ``autoscale_interval``);
+    an engine whose step fails is tried again at the next pass."""
+    engines = [e for e in await served_engines(ctx) if not e["metadata"].get("deletionTimestamp")]
+    for uid in ctx.history.keys() - {e["metadata"]["uid"] for e in engines}:
+        del ctx.history[uid]  # deleted: its samples go with it
+    for engine in engines:
+        try:
+            await autoscale(ctx, engine, now)
+        except (GatewayError, ApiException) as exc:  # nothing is decided on no data
+            log.warning("autoscaler: %s/%s: %s", engine["metadata"]["namespace"], engine["metadata"]["name"], exc)
 
 
 # ---- AgentProgram -------------------------------------------------------------------
@@ -265,7 +330,7 @@ async def start_program(ctx: Context, program: dict[str, Any], memo: kopf.Memo) 
         await _write_status(ctx, path, status, {"phase": "Failed", "message": str(exc)})
         raise kopf.PermanentError(str(exc)) from None
     gateway = status.get("gateway") or spec.gateway or ctx.config.gateway_url
-    session = status.get("sessionId") or getattr(memo, "session_id", None)
+    session = status.get("sessionId") or memo.get("session_id")
     if not session:
         try:
             session = await ctx.gateway.open_session(gateway, spec.tenant)
@@ -312,22 +377,26 @@ async def watch_program(ctx: Context, program: dict[str, Any]) -> None:
 async def end_program(ctx: Context, program: dict[str, Any]) -> None:
     """The resource is being deleted: end its session unless that is done already."""
     status = program.get("status") or {}
-    if status.get("sessionId") and status.get("gateway") and not status.get("sessionEnded"):
+    if session_open(status) and status.get("gateway"):
         await ctx.gateway.end_session(status["gateway"], status["sessionId"])
+
+
+def session_open(status: dict[str, Any]) -> bool:
+    """The program's session was opened and not ended: deleting it has something to do."""
+    return bool(status.get("sessionId")) and not status.get("sessionEnded")
 
 
 # ---- wiring -------------------------------------------------------------------------
 def settings_for(settings: kopf.OperatorSettings) -> None:
     """Keep kopf's bookkeeping under our own prefix, in annotations (the status schema stays strict)."""
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP,
                                                                             key="last-handled-configuration")
-    settings.peering.standalone = True  # one operator replica; no peering resources needed (see the chart)
-    # A deleted resource keeps its finalizer until its timers have exited. A timer that does not
-    # exit at once (a tick awaiting the gateway) is re-checked after this many seconds, unless an
-    # event on the resource comes first; kopf's default of 60 s can hold a deleted engine, and its
-    # Deployment, for a minute.
+    settings.peering.standalone = True  # replicas elect a leader on a Lease instead (leader.py)
+    # A deleted program keeps its finalizer until its timer has exited. A timer that does not exit
+    # at once (a tick awaiting the gateway) is re-checked after this many seconds, unless an event
+    # on the resource comes first; kopf's default of 60 s can hold a deleted program for a minute.
     settings.background.cancellation_polling = 1.0
 
 
@@ -341,7 +410,8 @@ def build_registry(config: OperatorConfig, login: Any = default_login) -> kopf.O
     """Every handler of the operator, on a registry of its own (the tests build one per operator)."""
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(login)
-    children = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: "engine"}
+    # the engine's children and its endpoint picker's: a deleted one is restored at once
+    children = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: lambda value, **_: value in ("engine", "epp")}
     backoff = config.retry_backoff
 
     def ctx_of(memo: Any) -> Context:
@@ -359,12 +429,13 @@ def build_registry(config: OperatorConfig, login: Any = default_login) -> kopf.O
     async def engine_child_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await engine_child_event(ctx_of(memo), _plain(body))
 
-    @kopf.timer(*ENGINES, id="load", interval=config.autoscale_interval, registry=registry)
-    async def engine_load(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        try:
-            await autoscale(ctx_of(memo), _plain(body), memo, asyncio.get_running_loop().time())
-        except GatewayError as exc:  # the next tick tries again; nothing is decided on no data
-            log.warning("autoscaler: %s: no load from the gateway: %s", body.metadata.name, exc)
+    if config.inference_pool:
+        @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", id="inference-pool-api",
+                       field="metadata.name", value=INFERENCE_POOL_CRD, registry=registry)
+        async def inference_pool_crd(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+            established = condition(body.get("status", {}).get("conditions"), "Established") or {}
+            if type != "DELETED" and established.get("status") == "True":
+                await inference_pool_api_arrived(ctx_of(memo))
 
     @kopf.on.resume(*PROGRAMS, id="program", registry=registry, backoff=backoff)
     @kopf.on.create(*PROGRAMS, id="program", registry=registry, backoff=backoff)
@@ -376,7 +447,10 @@ def build_registry(config: OperatorConfig, login: Any = default_login) -> kopf.O
     async def program_progress(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await watch_program(ctx_of(memo), _plain(body))
 
-    @kopf.on.delete(*PROGRAMS, id="session-end", registry=registry, retries=5, backoff=backoff)
+    # Only a program with an open session carries the finalizer (kopf adds it while this filter, or the
+    # timer's, matches): a finished or sessionless one is deleted without the operator.
+    @kopf.on.delete(*PROGRAMS, id="session-end", registry=registry, retries=5, backoff=backoff,
+                    when=lambda status, **_: session_open(status))
     async def program_deleted(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
         try:
             await end_program(ctx_of(memo), _plain(body))

@@ -12,7 +12,9 @@ rolling update) hands the Lease back, and a candidate takes it at its next try.
 
 Why not kopf's peering: it needs kopf's own CRDs and cluster objects, and two
 replicas of the same priority both pause; a Lease is a built-in object that a
-namespaced Role covers.
+namespaced Role covers. The chart makes the Lease (so ``helm uninstall`` removes it)
+and grants ``get`` and ``update`` on that one object; a candidate creates the Lease
+only where it may (a laptop's kubeconfig), else it waits for it.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def lease_spec(previous: dict[str, Any] | None, identity: str, lease_duration: f
     return spec
 
 
+class LeaseMissing(RuntimeError):
+    """The Lease is absent and the operator's RBAC lets it update the Lease, not create it."""
+
+
 class LeaderElector:
     def __init__(self, api: KubeApi, config: LeaseConfig) -> None:
         self.api = api
@@ -120,6 +126,9 @@ class LeaderElector:
         except ApiException as exc:
             if exc.status in (409, 422):
                 return False
+            if exc.status == 403 and action == "create":
+                raise LeaseMissing(f"Lease {config.namespace}/{config.name} does not exist and this operator may "
+                                   "not create it (the chart makes it: helm upgrade puts it back)") from None
             raise
         if action != "renew":
             log.info("leader election: %s holds Lease %s/%s", config.identity, config.namespace, config.name)
@@ -129,10 +138,15 @@ class LeaderElector:
         """Wait until this replica holds the Lease."""
         log.info("leader election: %s waits for Lease %s/%s", self.config.identity, self.config.namespace,
                  self.config.name)
+        missing = False
         while True:
             try:
                 if await self.try_once():
                     return
+            except LeaseMissing as exc:
+                if not missing:  # said once: it waits for the Lease to come back
+                    log.error("leader election: %s", exc)
+                missing = True
             except (ApiException, OSError) as exc:
                 log.warning("leader election: %s", exc)
             await asyncio.sleep(self.config.retry_period)
@@ -146,7 +160,7 @@ class LeaderElector:
             try:
                 if await self.try_once():
                     last = time.monotonic()
-            except (ApiException, OSError) as exc:
+            except (ApiException, OSError, LeaseMissing) as exc:
                 log.warning("leader election: cannot renew: %s", exc)
         log.error("leader election: %s lost Lease %s/%s", self.config.identity, self.config.namespace,
                   self.config.name)

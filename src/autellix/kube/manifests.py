@@ -15,6 +15,7 @@ operator's drift watch finds it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from autellix.kube import API_VERSION, ENGINE_KIND, PROGRAM_KIND
@@ -33,6 +34,8 @@ POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Where a hub model is downloaded (HF_HOME), whatever user the image runs as.
 HF_HOME = "/cache/huggingface"
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
+#: The InferencePool CRD's name: the operator applies the pools once it is established.
+INFERENCE_POOL_CRD = "inferencepools.inference.networking.k8s.io"
 #: The data key of the engine-token Secret (the chart's ``<release>-engine-token``).
 ENGINE_TOKEN_KEY = "token"
 
@@ -223,10 +226,15 @@ def engine_disruption_budget(name: str, namespace: str, uid: str, spec: EngineSp
     }
 
 
-def engine_inference_pool(name: str, namespace: str, uid: str, endpoint_picker: str | None) -> dict[str, Any]:
+def engine_inference_pool(name: str, namespace: str, uid: str, endpoint_picker: str | None, *,
+                          failure_mode: str | None = None) -> dict[str, Any]:
     """A Gateway API Inference Extension InferencePool of the engine's pods, for a Gateway API
     implementation to route to by model; ``endpoint_picker`` is the Service of its endpoint picker
-    (``None``: the operator's default, ``<engine>-epp``)."""
+    (``None``: the operator's default, ``<engine>-epp``); ``failure_mode``: the picker's
+    (``FailClose``, ``FailOpen``), when the operator runs it."""
+    picker_ref: dict[str, Any] = {"name": endpoint_picker or endpoint_picker_name(name), "port": {"number": EPP_PORT}}
+    if failure_mode is not None:
+        picker_ref["failureMode"] = failure_mode
     return {
         "apiVersion": INFERENCE_POOL_API,
         "kind": "InferencePool",
@@ -235,9 +243,100 @@ def engine_inference_pool(name: str, namespace: str, uid: str, endpoint_picker: 
         "spec": {
             "selector": {"matchLabels": engine_selector(name)},
             "targetPorts": [{"number": ENGINE_PORT}],
-            "endpointPickerRef": {"name": endpoint_picker or f"{name}-epp", "port": {"number": 9002}},
+            "endpointPickerRef": picker_ref,
         },
     }
+
+
+def engine_children(name: str, namespace: str, uid: str, spec: EngineSpec, *, token_secret: str | None = None,
+                    inference_pool: bool = False, picker: PickerSettings | None = None) -> list[dict[str, Any]]:
+    """Every child of an engine, in the order they are applied (the InferencePool, whose API may be
+    missing, last); with ``picker``, the engine's endpoint picker (``autellix epp``) and its Service too."""
+    children = [engine_deployment(name, namespace, uid, spec, token_secret=token_secret),
+                engine_service(name, namespace, uid), engine_disruption_budget(name, namespace, uid, spec)]
+    if picker is not None:
+        children += [engine_endpoint_picker(name, namespace, uid, spec, picker, token_secret=token_secret),
+                     engine_endpoint_picker_service(name, namespace, uid)]
+    if inference_pool or picker is not None:
+        children.append(engine_inference_pool(name, namespace, uid, None,
+                                              failure_mode=picker.failure_mode if picker is not None else None))
+    return children
+
+
+# ---- the engine's endpoint picker (``autellix epp``, docs/epp.md) -------------------------------
+EPP_PORT, EPP_METRICS_PORT = 9002, 9090
+
+
+@dataclass(frozen=True)
+class PickerSettings:
+    """How the operator runs ``autellix epp`` as each engine's endpoint picker (``--epp``)."""
+
+    image: str
+    replicas: int = 2
+    fallbacks: int = 0
+    #: The InferencePool's ``endpointPickerRef.failureMode``.
+    failure_mode: str = "FailClose"
+    #: A service account that may list and watch EndpointSlices (the picker's engine discovery).
+    service_account: str | None = None
+    #: The release's store: one program state for the gateways and the pickers.
+    store_url: str | None = None
+
+
+def endpoint_picker_name(engine: str) -> str:
+    return f"{engine}-epp"
+
+
+def endpoint_picker_labels(engine: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "autellix-epp", "app.kubernetes.io/instance": endpoint_picker_name(engine),
+            LABEL_COMPONENT: "epp", LABEL_MANAGED_BY: MANAGED_BY, LABEL_ENGINE: engine}
+
+
+def endpoint_picker_selector(engine: str) -> dict[str, str]:
+    return {LABEL_ENGINE: engine, LABEL_COMPONENT: "epp"}
+
+
+def engine_endpoint_picker(name: str, namespace: str, uid: str, spec: EngineSpec, picker: PickerSettings, *,
+                           token_secret: str | None = None) -> dict[str, Any]:
+    """``autellix epp`` for the engine's InferencePool: its engines by the pool's own selector, the
+    engine's scheduler settings (as its plugin has them), the store shared with the gateway."""
+    env = [{"name": k, "value": v} for k, v in sorted(spec.scheduler.to_env().items())]
+    if token_secret is not None:
+        env.append({"name": ENGINE_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token_secret,
+                                                                             "key": ENGINE_TOKEN_KEY}}})
+    if picker.store_url is not None:
+        env.append({"name": "AUTELLIX_STORE", "value": picker.store_url})
+    args = ["epp", "--discovery=kubernetes", f"--namespace={namespace}", f"--engine-selector={selector_string(name)}",
+            "--engine-port-name=http", "--host=0.0.0.0", f"--port={EPP_PORT}", f"--metrics-port={EPP_METRICS_PORT}",
+            "--allow-anonymous", f"--fallbacks={picker.fallbacks}"]
+    container: dict[str, Any] = {
+        "name": "epp", "image": picker.image, "command": ["autellix"], "args": args, "env": env,
+        "ports": [{"name": "grpc", "containerPort": EPP_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
+        "readinessProbe": {"grpc": {"port": EPP_PORT, "service": "readiness"}, "periodSeconds": 2},
+        "livenessProbe": {"grpc": {"port": EPP_PORT, "service": "liveness"}, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    pod: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 45}
+    if picker.service_account is not None:
+        pod["serviceAccountName"] = picker.service_account
+    labels = endpoint_picker_labels(name)
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": endpoint_picker_name(name), "namespace": namespace, "labels": labels,
+                         "ownerReferences": [owner_reference(ENGINE_KIND, name, uid)]},
+            "spec": {"replicas": picker.replicas, "selector": {"matchLabels": endpoint_picker_selector(name)},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def engine_endpoint_picker_service(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """The Service the InferencePool's ``endpointPickerRef`` names."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": endpoint_picker_name(name), "namespace": namespace,
+                         "labels": endpoint_picker_labels(name),
+                         "ownerReferences": [owner_reference(ENGINE_KIND, name, uid)]},
+            "spec": {"selector": endpoint_picker_selector(name),
+                     "ports": [{"name": "grpc", "port": EPP_PORT, "targetPort": "grpc",
+                                "appProtocol": "kubernetes.io/h2c"},
+                               {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics"}]}}
 
 
 def job_name(program: str) -> str:

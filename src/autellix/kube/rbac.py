@@ -1,9 +1,12 @@
 """What the operator may do in the Kubernetes API: every verb its code (and kopf for it) uses, and no other.
 
 The chart's operator roles (charts/autellix/templates/operator-rbac.yaml) grant
-exactly these rules; ``tests/chart`` compares the two, and ``tests/kube`` holds
-them to the requests the operators make in the emulated cluster (a request not
-granted here, or a rule here no request needed, fails).
+exactly these rules; ``tests/chart`` compares the two, ``tests/kube`` holds them
+to the requests the operators make in the emulated cluster (a request not
+granted here, or a rule here no request needed, fails), and ``tests/cluster``
+reads them back from a real API server (``kubectl auth can-i --list`` as the
+operator's service account). Whatever writes (workloads, pods, status) is
+granted by a Role in each namespace the operator serves, never cluster-wide.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-#: Where a rule is granted: ``served`` in the namespaces the operator serves (a ClusterRole when it serves
-#: all), ``cluster`` always cluster-wide, ``release`` in the release's namespace (its Lease).
+#: Where a rule is granted: ``served`` by a Role in each namespace the operator serves (the release's and
+#: ``operator.namespaces``), ``cluster`` cluster-wide (reading only), ``release`` in the release's namespace.
 Scope = Literal["served", "cluster", "release"]
 
 
@@ -23,6 +26,8 @@ class Rule:
     verbs: tuple[str, ...]
     scope: Scope
     why: str
+    #: Granted on the one object of its kind the chart makes (``resourceNames``), not on the kind.
+    chart_object: bool = False
 
 
 OPERATOR_RULES: tuple[Rule, ...] = (
@@ -54,9 +59,11 @@ OPERATOR_RULES: tuple[Rule, ...] = (
          "an HPA (or KEDA's) targeting an engine: the built-in autoscaler stands down"),
     Rule("", ("events",), ("create",), "served", "kopf reports handler outcomes as Events on the resources"),
     Rule("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch"), "cluster",
-         "kopf notices its resources' CRDs appearing and going"),
-    Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "release",
-         "leader election between the operator's replicas"),
+         "kopf notices its resources' CRDs appearing and going (serving the whole cluster); with "
+         "--inference-pool, the InferencePool CRD's arrival"),
+    Rule("coordination.k8s.io", ("leases",), ("get", "update"), "release",
+         "leader election between the operator's replicas, on the Lease the chart makes (and removes on "
+         "uninstall); the operator cannot make another", chart_object=True),
     Rule("discovery.k8s.io", ("endpointslices",), ("list", "watch"), "release",
          "the xDS control plane (--xds-port): the gateway pods behind the gateway Service, for Envoy"),
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import urllib.parse
 from collections.abc import Callable, Collection
@@ -12,11 +13,21 @@ from typing import Any
 import aiohttp
 import kopf
 from aiohttp import web
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from autellix.kube.gateway_client import GatewayClient
-from autellix.kube.handlers import Context, OperatorConfig, build_registry, default_login, settings_for
+from autellix.kube.handlers import (
+    Context,
+    OperatorConfig,
+    autoscale_engines,
+    build_registry,
+    default_login,
+    settings_for,
+)
 from autellix.kube.kubeapi import KubeApi
 from autellix.kube.leader import LeaderElector, LeaseConfig
+
+log = logging.getLogger("autellix.kube")
 
 Flag = asyncio.Event | threading.Event
 
@@ -31,6 +42,18 @@ async def _wait_flag(flag: Flag) -> None:
             await flag.wait()
         else:
             await asyncio.sleep(0.1)
+
+
+async def autoscale_periodically(ctx: Context) -> None:
+    """The autoscaler's passes over the served engines, every ``autoscale_interval`` seconds, for as long as
+    kopf runs (in the leader only)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(ctx.config.autoscale_interval)
+        try:
+            await autoscale_engines(ctx, loop.time())
+        except (ApiException, aiohttp.ClientError, OSError) as exc:  # the API server is away: next pass
+            log.warning("autoscaler: cannot list the engines: %s", exc)
 
 
 @contextlib.asynccontextmanager
@@ -61,6 +84,9 @@ async def run_operator(config: OperatorConfig, *, api: KubeApi | None = None, na
     first waits to hold that Lease, and reconciles only while it does (``LeadershipLost`` when it stops)."""
     settings = kopf.OperatorSettings()
     settings_for(settings)
+    # Serving named namespaces, kopf needs no namespace list (it would retry a forbidden one for a minute
+    # before every start): those namespaces, and the kinds present at start, are what it serves.
+    settings.scanning.disabled = bool(namespaces)
     if tune is not None:
         tune(settings)
     api = api or await KubeApi.from_environment()
@@ -88,7 +114,10 @@ async def run_operator(config: OperatorConfig, *, api: KubeApi | None = None, na
             async with aiohttp.ClientSession() as http:
                 client = GatewayClient(http, config.gateway_api_key, default_gateway=config.gateway_url,
                                        admin_url=config.gateway_admin_url, admin_key=config.gateway_admin_key)
-                ctx = Context(api=api, gateway=client, config=config)
+                ctx = Context(api=api, gateway=client, config=config, namespaces=tuple(namespaces))
+                autoscaler = asyncio.ensure_future(autoscale_periodically(ctx))
+                autoscaler.add_done_callback(lambda _: kopf_stop.set())  # it ends only by failing: stop, say why
+                watchers.append(autoscaler)
                 await kopf.operator(registry=build_registry(config, login), settings=settings,
                                     memo=kopf.Memo(ctx=ctx), clusterwide=not namespaces, namespaces=list(namespaces),
                                     standalone=True, stop_flag=kopf_stop, ready_flag=ready_flag,

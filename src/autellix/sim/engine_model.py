@@ -21,10 +21,21 @@ What is modelled, and why it is enough for latency and throughput:
   ``CallPlanner`` over the policy core (classic MLFQ, or the configured
   PLAS/ATLAS), which sets each request's priority to its queue rank, demotes,
   promotes, and preempts running calls that rank below waiting ones when every
-  slot is taken, exactly as ``autellix.engine.scheduler`` drives it in vLLM.
+  slot is taken, exactly as ``autellix.engine.scheduler`` drives it in vLLM;
+* KV retention across a program's pauses (the plugin's default; the
+  profile's ``kv_retention``, ``host_kv_blocks`` and ``swap_s_per_block``):
+  when a program that has come back before has no call left, its last call's
+  cached blocks are pinned; an allocation that finds the free list short gives
+  pins up in the order ``autellix.core.kv_retention`` decides, offloading a
+  prefix to host memory (:class:`autellix.sim.kv_cache.HostCache`, transfers
+  priced per block and added to the step) or dropping it to the LRU free list;
+  a returning call reuses it by hash, from device or host. Every engine counts
+  the prefix blocks a program's call computes again
+  (``recomputed_prefix_tokens``), retention on or off.
 
-Not modelled: sampling, speculative decoding, swapping, CUDA graphs' batch-size
-buckets (folded into the cost model), and the API server's own queueing.
+Not modelled: sampling, speculative decoding, swapping preempted calls, CUDA
+graphs' batch-size buckets (folded into the cost model), and the API server's
+own queueing.
 
 Beyond ``step``: ``step_until`` / ``coalescible`` + ``decode_steps`` run a
 stretch of pure decode steps as one, with the same outcome as step by step
@@ -33,6 +44,7 @@ stretch of pure decode steps as one, with the same outcome as step by step
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import itertools
@@ -45,10 +57,12 @@ from pathlib import Path
 from typing import Any
 
 from autellix.core import SchedulerConfig
+from autellix.core.engine_load import EngineLoad
+from autellix.core.kv_retention import Retention, RetentionCosts, RetentionLedger
 from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.sim.cost_model import StepCost
-from autellix.sim.kv_cache import BlockPool, block_hashes
+from autellix.sim.kv_cache import BlockPool, HostCache, block_hashes
 
 SCHEDULERS = ("fcfs", "vllm-priority", "mlfq", "autellix")
 PROFILE_PACKAGE = "autellix.sim.profiles"
@@ -74,6 +88,15 @@ class EngineProfile:
     #: Seconds a call spends outside the engine's steps (HTTP, API server), on
     #: its way in; the simulator delays each call's arrival by this much.
     call_overhead: float = 0.0
+    #: The Autellix schedulers hold a paused program's prefix until memory runs
+    #: short (``autellix.core.kv_retention``); off, it is left to the LRU free
+    #: list as stock vLLM leaves it (the stock schedulers never hold).
+    kv_retention: bool = True
+    #: Host memory for offloaded prefixes, in blocks (0: no swap path, prefixes are only dropped).
+    host_kv_blocks: int = 0
+    #: Seconds to move one block between device and host memory, each way
+    #: (Llama-3.1-8B on an A100: 2 MiB a 16-token block, about 84 us at 25 GB/s over PCIe 4.0 x16).
+    swap_s_per_block: float = 0.0
     #: Where the numbers come from (sources, fit quality, engine settings); not used by the model.
     provenance: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -84,6 +107,12 @@ class EngineProfile:
             raise ValueError("engine profile cost: expected a StepCost")
         if not (isinstance(self.call_overhead, int | float) and 0 <= self.call_overhead < math.inf):
             raise ValueError(f"engine profile call_overhead: expected seconds >= 0, got {self.call_overhead!r}")
+        if not isinstance(self.kv_retention, bool):
+            raise ValueError(f"engine profile kv_retention: expected true or false, got {self.kv_retention!r}")
+        if isinstance(self.host_kv_blocks, bool) or not isinstance(self.host_kv_blocks, int) or self.host_kv_blocks < 0:
+            raise ValueError(f"engine profile host_kv_blocks: expected an integer >= 0, got {self.host_kv_blocks!r}")
+        if not (isinstance(self.swap_s_per_block, int | float) and 0 <= self.swap_s_per_block < math.inf):
+            raise ValueError(f"engine profile swap_s_per_block: expected seconds >= 0, got {self.swap_s_per_block!r}")
 
     def step_seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, new_requests: int = 0) -> float:
         return self.cost.seconds(prefill_tokens, decode_seqs, kv_tokens, new_requests)
@@ -115,7 +144,8 @@ class EngineProfile:
         return cls(name=str(data["name"]), block_size=data["block_size"], kv_blocks=data["kv_blocks"],
                    max_num_seqs=data["max_num_seqs"], max_num_batched_tokens=data["max_num_batched_tokens"],
                    cost=step_cost, max_model_len=data.get("max_model_len", 8192),
-                   call_overhead=data.get("call_overhead", 0.0),
+                   call_overhead=data.get("call_overhead", 0.0), kv_retention=data.get("kv_retention", True),
+                   host_kv_blocks=data.get("host_kv_blocks", 0), swap_s_per_block=data.get("swap_s_per_block", 0.0),
                    provenance={k: v for k, v in data.items() if k not in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,6 +260,7 @@ class _Seq:
         "order",
         "preemptions",
         "priority",
+        "program",
         "registered",
         "req",
         "running",
@@ -251,6 +282,8 @@ class _Seq:
         self.arrival = arrival
         self.order = order
         self.priority = req.priority
+        #: The program the engine charges it to (the planner's and the retention ledger's key).
+        self.program = req.program_id or f"request:{req.request_id}"
         self.running = False
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
@@ -284,6 +317,22 @@ class EngineModel:
         elif scheduler == "autellix":
             self.planner = CallPlanner(self.config)
         self.priority_order = scheduler != "fcfs"
+        # KV retention is the plugin's (the stock schedulers only count what is recomputed)
+        holds = self.planner is not None and prefix_caching and profile.kv_retention
+        swap = profile.swap_s_per_block if profile.host_kv_blocks else math.inf
+        costs = RetentionCosts(recompute_s_per_block=profile.cost.per_prefill_token * profile.block_size,
+                               swap_out_s_per_block=swap, swap_in_s_per_block=swap)
+        self.ledger: RetentionLedger[int, int] = RetentionLedger(costs, hold=holds)
+        self.host = HostCache(profile.host_kv_blocks) if holds and profile.host_kv_blocks else None
+        #: Blocks of offloaded prefixes still in the prefix cache: block -> programs whose host copy it feeds.
+        self._watched: dict[int, set[str]] = {}
+        if self.host is not None:
+            self.pool.on_evict = self._evicting
+        self._swap_seconds = 0.0  # transfers planned for the step being built
+        self._left = 0
+        self.offloaded_saved_blocks = 0
+        self.swap_seconds = 0.0
+        self.restored_tokens = 0
         self._seqs: dict[str, _Seq] = {}
         self._running: list[_Seq] = []
         self._waiting: list[tuple[tuple[int, float, int], _Seq]] = []  # heap by key
@@ -327,9 +376,10 @@ class EngineModel:
         if request.output is not None and len(request.output) < request.max_tokens:
             raise ValueError(f"request {request.request_id!r}: output shorter than max_tokens")
         seq = _Seq(request, now, next(self._order))
+        self.ledger.arrived(seq.program, now)
         if self.planner is not None:
-            who = CallIdentity(program_id=request.program_id or f"request:{request.request_id}",
-                               thread_id=request.thread_id, service=request.service, wait=request.wait)
+            who = CallIdentity(program_id=seq.program, thread_id=request.thread_id, service=request.service,
+                               wait=request.wait)
             seq.priority = self.planner.arrive(request.request_id, who, now).rank
         elif not self.priority_order:
             seq.priority = 0
@@ -387,7 +437,20 @@ class EngineModel:
 
     def _leave(self, seq: _Seq, now: float, *, aborted: bool) -> RequestOutcome:
         del self._seqs[seq.req.request_id]
+        if aborted:
+            unpin = self.ledger.aborted(seq.program, now)
+        else:
+            # its cached full blocks: the prefix the program's next call starts with (a
+            # request of no program is its own and never comes back)
+            full = min(seq.registered, len(seq.hashes)) if seq.req.program_id is not None else 0
+            pin, unpin = self.ledger.finished(seq.program, now, seq.blocks[:full], seq.hashes[:full])
+            self.pool.touch(pin)  # before the request lets go of them
         self.pool.release(seq.blocks)
+        self.pool.release(unpin)
+        self._left += 1
+        if self._left % 256 == 0:  # programs that went quiet (as the planner's table forgets them)
+            for release in self.ledger.expire(now, self.config.program_idle_ttl):
+                self.pool.release(release.blocks)
         seq.blocks = []
         seq.running = False
         model_time = seq.model_time
@@ -435,13 +498,18 @@ class EngineModel:
             seq.hashes += block_hashes(seq.tokens[:end], bs, start=have,
                                        parent=seq.hashes[-1] if seq.hashes else 0)
 
-    def _allocate(self, seq: _Seq, new_tokens: int, hits: list[int] | None = None) -> bool:
+    def _allocate(self, seq: _Seq, new_tokens: int, hits: list[int] | None = None, restore: int = 0) -> bool:
+        """Blocks for ``new_tokens`` more of ``seq`` after its prefix ``hits`` and
+        ``restore`` blocks loaded from the host cache; a short free list first
+        takes back held prefixes (``_yield_holds``). False when it cannot fit."""
         bs = self.profile.block_size
         hits = hits or []
         have = len(seq.blocks) + len(hits)
-        need = -(-(seq.computed + len(hits) * bs + new_tokens) // bs) - have
-        if need + self.pool.free_among(hits) > self.pool.free_blocks:
-            return False
+        need = -(-(seq.computed + (len(hits) + restore) * bs + new_tokens) // bs) - have
+        # a yielded hold may be the one ``hits`` point into: count again after each
+        while (short := need + self.pool.free_among(hits) - self.pool.free_blocks) > 0:
+            if not self._yield_holds(short):
+                return False
         if hits:
             self.pool.touch(hits)
             seq.blocks += hits
@@ -449,12 +517,65 @@ class EngineModel:
             seq.computed += len(hits) * bs
         if need > 0:
             seq.blocks += self.pool.allocate(need)
+        if restore:
+            first = len(hits)
+            for i in range(first, first + restore):
+                self.pool.register(seq.blocks[i], seq.hashes[i])
+            seq.registered = first + restore
+            seq.computed += restore * bs
+            self.restored_tokens += restore * bs
+            self._swap_seconds += restore * self.profile.swap_s_per_block
         return True
 
-    def _register_full_blocks(self, seq: _Seq) -> None:
+    # ---- prefixes of paused programs (``autellix.core.kv_retention``) ------------------
+    def _yield_holds(self, short: int) -> bool:
+        """Give up held prefixes until ``short`` more blocks could be free, in the
+        ledger's order; offloaded ones are copied to the host cache first (their
+        transfer is this step's). False when nothing is held."""
+        host = self.host
+        releases = self.ledger.shortage(short, self._clock, host_free_blocks=host.free_blocks if host else 0)
+        for release in releases:
+            if release.how is Retention.OFFLOAD and host is not None:
+                hashes = list(itertools.takewhile(lambda h: h is not None, self.pool.hashes_of(release.blocks)))
+                if hashes and host.store(release.program, hashes):
+                    # copied to the host only if, and when, the pool reuses them (``_evicting``)
+                    for block in release.blocks[:len(hashes)]:
+                        self._watched.setdefault(block, set()).add(release.program)
+            self.pool.release(release.blocks)
+        return bool(releases)
+
+    def _evicting(self, block: int, block_hash: int) -> None:
+        """The pool reuses a cached block: an offloaded prefix that has it keeps a copy (one
+        transfer, paid in the step being built, or the next one after a decode run)."""
+        assert self.host is not None
+        for program in self._watched.pop(block, ()):
+            if self.host.save(program, block_hash):
+                self._swap_seconds += self.profile.swap_s_per_block
+                self.offloaded_saved_blocks += 1
+
+    def _restorable(self, seq: _Seq, hits: int) -> int:
+        """Blocks after the ``hits`` prefix-cache blocks that the host cache holds for ``seq``'s program."""
+        if self.host is None:
+            return 0
+        end = min((seq.num_tokens - 1) // self.profile.block_size, len(seq.hashes))
+        return self.host.restorable(seq.program, seq.hashes, hits, end)
+
+    def _admitted(self, seq: _Seq, hits: int, restored: int) -> None:
+        """``seq`` took its prefix: count what of its program's last prefix it computes
+        again, end its program's hold and host copy."""
+        full = (seq.num_tokens - 1) // self.profile.block_size
+        self.ledger.admitted(seq.program, seq.hashes[:full], hits + restored)
+        self.pool.release(self.ledger.resumed(seq.program))
+        if self.host is not None:
+            self.host.take(seq.program)
+
+    def _register_full_blocks(self, seq: _Seq, upto: int | None = None) -> None:
+        """Name ``seq``'s full blocks in the prefix cache, up to its computed tokens
+        or ``upto`` (the tokens scheduled this step: vLLM V1 caches a block when it
+        allocates it, so a call scheduled later in the same step shares it)."""
         if not self.prefix_caching:
             return
-        full = min(seq.computed, seq.known) // self.profile.block_size
+        full = min(seq.computed if upto is None else upto, seq.known) // self.profile.block_size
         if full > seq.registered:
             self._ensure_hashes(seq, full)
             for i in range(seq.registered, min(full, len(seq.hashes))):
@@ -506,23 +627,29 @@ class EngineModel:
             scheduled[seq.req.request_id] = (seq, n)
             budget -= n
             index += 1
+            if n > 1:  # a prefill chunk: its blocks are shareable from now
+                self._register_full_blocks(seq, seq.computed + n)
         cached_now = 0
         admitted = 0
         if not preempted:
             while self._waiting and budget > 0 and len(self._running) < self.profile.max_num_seqs:
                 seq = self._waiting[0][1]
-                hits = self._prefix_hits(seq) if seq.computed == 0 else []
-                n = seq.num_tokens - seq.computed - len(hits) * self.profile.block_size
+                fresh = seq.computed == 0
+                hits = self._prefix_hits(seq) if fresh else []
+                restore = self._restorable(seq, len(hits)) if fresh else 0
+                n = seq.num_tokens - seq.computed - (len(hits) + restore) * bs
                 if not self.chunked_prefill and n > budget:
                     break
                 n = min(n, budget)
-                if not self._allocate(seq, n, hits):
+                if not self._allocate(seq, n, hits, restore):
                     break
                 heapq.heappop(self._waiting)
                 self.queried_tokens += seq.num_tokens
-                self.hit_tokens += len(hits) * self.profile.block_size
-                cached_now += len(hits) * self.profile.block_size
-                seq.cached += len(hits) * self.profile.block_size
+                self.hit_tokens += len(hits) * bs
+                cached_now += (len(hits) + restore) * bs
+                seq.cached += (len(hits) + restore) * bs
+                if fresh:
+                    self._admitted(seq, len(hits), restore)
                 seq.running = True
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now
@@ -530,8 +657,11 @@ class EngineModel:
                 admitted += 1
                 scheduled[seq.req.request_id] = (seq, n)
                 budget -= n
+                self._register_full_blocks(seq, seq.computed + n)
         if self.planner is not None:
             self.planner.started(scheduled)
+        swap_seconds, self._swap_seconds = self._swap_seconds, 0.0
+        self.swap_seconds += swap_seconds
         # the batch's cost
         prefill = decode = kv = 0
         for seq, n in scheduled.values():
@@ -540,7 +670,7 @@ class EngineModel:
             else:
                 prefill += n
             kv += seq.computed + n
-        seconds = self.profile.step_seconds(prefill, decode, kv, admitted)
+        seconds = self.profile.step_seconds(prefill, decode, kv, admitted) + swap_seconds
         end = now + seconds
         self._clock = end
         self._steps += 1
@@ -739,11 +869,23 @@ class EngineModel:
                           outcomes=outcomes, steps=k)
 
     # ---- observation -----------------------------------------------------------------
+    def reclaimable_blocks(self) -> int:
+        """Blocks only held prefixes reference: used, but any allocation takes them back."""
+        held = collections.Counter(self.ledger.all_held())
+        return sum(1 for block, holds in held.items() if self.pool.refs(block) == holds)
+
     def kv_usage(self) -> float:
         """Share of KV blocks held by requests (cached free blocks do not count, as in vLLM)."""
         return self.pool.usage()
 
+    def load(self) -> EngineLoad:
+        """What the gateway reads of this engine (its metrics), now."""
+        return EngineLoad(running=len(self._running), waiting=len(self._waiting), slots=self.profile.max_num_seqs,
+                          kv_blocks_used=self.pool.used_blocks, kv_blocks_total=self.profile.kv_blocks,
+                          kv_block_size=self.profile.block_size)
+
     def stats(self) -> dict[str, float]:
+        bs = self.profile.block_size
         return {
             "running": float(len(self._running)),
             "waiting": float(len(self._waiting)),
@@ -760,6 +902,17 @@ class EngineModel:
             "decode_seq_steps": float(self.decode_seq_steps),
             "new_requests": float(self.admitted),
             "finished_requests": float(self.finished_requests),
+            # KV retention across pauses (``autellix.core.kv_retention``)
+            "recomputed_prefix_tokens": float(self.ledger.recomputed_prefix_blocks * bs),
+            "reused_prefix_tokens": float(self.ledger.reused_prefix_blocks * bs),
+            "held_blocks": float(self.ledger.held_blocks),
+            "kv_kept": float(self.ledger.kept),
+            "kv_offloaded": float(self.ledger.offloaded),
+            "kv_dropped": float(self.ledger.dropped),
+            "kv_offloaded_blocks": float(self.ledger.offloaded_blocks),
+            "kv_offloaded_saved_blocks": float(self.offloaded_saved_blocks),
+            "restored_tokens": float(self.restored_tokens),
+            "swap_seconds": self.swap_seconds,
         }
 
     def check_invariants(self) -> None:
@@ -768,8 +921,8 @@ class EngineModel:
         assert len(self._running) <= self.profile.max_num_seqs, "more running than max_num_seqs"
         bs = self.profile.block_size
         assert all(len(s.blocks) * bs >= s.computed for s in self._running), "computed tokens without KV blocks"
-        held = {b for s in self._running for b in s.blocks}
-        assert len(held) == self.pool.used_blocks, "a referenced block no running request holds"
+        held = {b for s in self._running for b in s.blocks} | set(self.ledger.all_held())
+        assert len(held) == self.pool.used_blocks, "a referenced block neither a running request nor a hold holds"
         assert not any(s.blocks for _, s in self._waiting), "a waiting request holds blocks"
         assert all(s.running for s in self._running), "running flag mismatch"
 

@@ -5,13 +5,20 @@ named by a chained hash (its tokens and the hash of the block before it), so two
 requests with the same prefix share the same blocks. A freed block keeps its
 hash and stays reusable until it is evicted: free blocks form one LRU queue,
 allocation takes from its head, and a request's blocks are freed tail first so
-that the shared prefix of a conversation is the last to go.
+that the shared prefix of a conversation is the last to go. A block can be
+pinned (``touch``) by the engine itself, as it pins a paused program's prefix
+(``autellix.core.kv_retention``), and unpinned (``release``) like a request's.
+
+:class:`HostCache` is the host memory such a prefix is offloaded to: room for
+its blocks is reserved when it is given up, and a block is copied there only
+when the pool reuses it (``BlockPool.on_evict``): a prefix that survives in
+the prefix cache costs no transfer.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: The hash a request's first block chains from.
 ROOT_HASH = 0
@@ -43,6 +50,8 @@ class BlockPool:
         #: Blocks with no reference, oldest first (allocation and eviction take the head).
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.evictions = 0
+        #: Told (block, hash) when an allocation evicts a cached block, before it is reused.
+        self.on_evict: Callable[[int, int], None] | None = None
 
     @property
     def free_blocks(self) -> int:
@@ -94,6 +103,8 @@ class BlockPool:
                 if self._by_hash.get(old) == block:
                     del self._by_hash[old]
                 self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(block, old)
             self._refs[block] = 1
             out.append(block)
         return out
@@ -115,9 +126,77 @@ class BlockPool:
             if refs == 0:
                 self._free[block] = None
 
+    def refs(self, block: int) -> int:
+        return self._refs[block]
+
+    def hashes_of(self, blocks: Sequence[int]) -> list[int | None]:
+        """Each block's hash (None: not cached)."""
+        return [self._hash[b] for b in blocks]
+
     def check(self) -> None:
         """Internal consistency (tests call this after every step)."""
         assert all(r >= 0 for r in self._refs), "negative reference count"
         assert all((self._refs[b] == 0) == (b in self._free) for b in range(self.num_blocks)), "free queue mismatch"
         for h, b in self._by_hash.items():
             assert self._hash[b] == h, "hash index mismatch"
+
+
+class HostCache:
+    """Offloaded prefixes in host memory: per program, the hashes of its prefix's
+    blocks in order, room reserved for all of them (at most ``capacity`` blocks
+    in all; reserving past it evicts the least recently stored programs first, a
+    prefix larger than the whole cache is refused). A block's copy is there once
+    it is ``saved``: when the device block was about to be reused."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"host cache capacity must be >= 0 blocks, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[object, tuple[tuple[int, ...], set[int]]] = OrderedDict()
+        self.used = 0
+        self.evictions = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity - self.used
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def store(self, key: object, hashes: Sequence[int]) -> bool:
+        """Reserve room for ``key``'s prefix (replacing what it had). False when it cannot fit."""
+        self.take(key)
+        if len(hashes) > self.capacity:
+            return False
+        while self.used + len(hashes) > self.capacity:
+            _, (old, _) = self._entries.popitem(last=False)
+            self.used -= len(old)
+            self.evictions += 1
+        self._entries[key] = (tuple(hashes), set())
+        self.used += len(hashes)
+        return True
+
+    def save(self, key: object, block_hash: int) -> bool:
+        """The device copy of one of ``key``'s blocks is about to be reused: keep it. False if not ``key``'s."""
+        entry = self._entries.get(key)
+        if entry is None or block_hash not in entry[0]:
+            return False
+        entry[1].add(block_hash)
+        return True
+
+    def restorable(self, key: object, hashes: Sequence[int], start: int, end: int) -> int:
+        """How many of ``hashes[start:end]`` in a row ``key`` has copies of."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return 0
+        stored, saved = entry
+        at = start
+        while at < min(end, len(stored)) and hashes[at] == stored[at] and stored[at] in saved:
+            at += 1
+        return at - start
+
+    def take(self, key: object) -> tuple[int, ...]:
+        """Remove ``key``'s prefix; returns its hashes (empty when it had none)."""
+        stored, _ = self._entries.pop(key, ((), set()))
+        self.used -= len(stored)
+        return stored

@@ -10,7 +10,7 @@ the program store (program service and waiting time, sent to the engine as its
 ``vllm_xargs`` by the vLLM backend; the queue level as vLLM's ``priority``),
 and the balancer (round robin, least used or Algorithm 2) over the engines'
 in-flight calls. Arrivals are Poisson as in
-``autellix.bench.runner`` and the metrics are its (``autellix.workloads.metrics``).
+``autellix.loadgen.runner`` and the metrics are its (``autellix.workloads.run_metrics``).
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from autellix.backends import CallOutcome, VllmBackend
 from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, RequestController
 from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
+from autellix.core.engine_load import EngineLoad
 from autellix.core.mlq import QueueSpec
 from autellix.engine.tiny_model import render_chat
 from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_WAIT, XARGS_FIELD
 from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
+from autellix.sim.gateway_queues import AdmissionGate, RequestFlowControl
 from autellix.sim.virtual_loop import run_virtual
 from autellix.workloads import AgentProgram, client_priority
-from autellix.workloads.metrics import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
+from autellix.workloads.run_metrics import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
 from autellix.workloads.systems import SYSTEMS, System
 
 #: Balancer names the CLI accepts, to the core's names.
@@ -78,6 +80,8 @@ class _Engine:
         #: decoding sequences, its timer).
         self._run: tuple[float, int, float, int, int, asyncio.TimerHandle] | None = None
         self._waiters: dict[str, tuple[asyncio.Future[RequestOutcome], CallStat]] = {}
+        #: Called after every step (the gateway's waiting rooms look again for room).
+        self.on_step: list[Callable[[], None]] = []
 
     def submit(self, request: SimRequest, stat: CallStat) -> asyncio.Future[RequestOutcome]:
         future: asyncio.Future[RequestOutcome] = self.loop.create_future()
@@ -143,6 +147,8 @@ class _Engine:
             future, _ = self._waiters.pop(rid)
             self.inflight -= 1
             future.set_result(outcome)
+        for hook in self.on_step:
+            hook()
         # after the programs woken here have run: calls they make at this instant join the next step
         self.loop.call_soon(self._step)
 
@@ -202,7 +208,7 @@ class SimGateway:
         self.system = system
         self.policy = policy_by_name(system.policy or "fcfs")
         self.store = MemoryProgramStore(self.policy)
-        #: The process table behind the store (``bench/session_cycling.py`` wraps its start and end).
+        #: The process table behind the store (``experiments/session_cycling.py`` wraps its start and end).
         self.table = self.store.table
         self.engines = engines
         ids = itertools.count()
@@ -212,6 +218,18 @@ class SimGateway:
             # bare engines (no gateway) get no priority from it
             send_priority=system.policy is not None and self.policy.places_by_priority,
             clock=asyncio.get_running_loop().time, call_ids=lambda: f"c{next(ids)}")
+        loop = asyncio.get_running_loop()
+
+        def loads() -> list[EngineLoad]:
+            return [e.model.load() for e in engines.values()]
+
+        #: llm-d's per-program request queues in front of the engines (``System.flow_control``).
+        self.flow = RequestFlowControl(loads, loop) if system.flow_control else None
+        #: Program admission (``System.admission``): room appears only as programs leave.
+        self.admission = AdmissionGate(loads, loop) if system.admission else None
+        for engine in engines.values():
+            if self.flow is not None:
+                engine.on_step.append(self.flow.pump)
 
     async def call(self, program_id: str, thread: str | None, prompt: bytes, max_tokens: int,
                    stat: CallStat, output: bytes | None = None, generated: int = 0) -> RequestOutcome:
@@ -233,17 +251,28 @@ class SimGateway:
             if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
                 await asyncio.sleep(engine.model.profile.call_overhead)
             try:
-                outcome = await engine.submit(request, stat)
+                pending = engine.submit(request, stat)
             except ValueError:  # refused (as a 400 would be): the model never counted it in flight
                 engine.inflight -= 1
                 raise
+            finally:
+                if self.flow is not None:
+                    self.flow.arrived()
+            outcome = await pending
+            if self.admission is not None:
+                self.admission.call_finished(program_id, outcome.prompt_tokens + outcome.output_tokens)
             await attempt.settle(CallOutcome(200, completion_tokens=outcome.output_tokens,
                                              prompt_tokens=outcome.prompt_tokens, model_time=outcome.model_time))
             return outcome
 
         spec = CallSpec(path=CHAT_COMPLETIONS_PATH, body={}, model=SIM_MODEL,
                         owner=CallOwner(program_id, thread, ephemeral=False), prompt_tokens=len(prompt))
-        return await self.controller.call(spec, send)
+        if self.flow is None:
+            return await self.controller.call(spec, send)
+        await self.flow.wait_turn(program_id)
+        outcome = await self.controller.call(spec, send)
+        self.flow.completed(program_id, prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.output_tokens)
+        return outcome
 
 
 class SimLLM:
@@ -306,11 +335,13 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
             profile, scheduler=system.engine_scheduler, config=config, prefix_caching=system.prefix_caching,
             chunked_prefill=system.chunked_prefill), loop) for i in range(engines)}
         gateway = SimGateway(system, config, pool)
-        holder["pool"] = pool
+        holder["pool"], holder["gateway"] = pool, gateway
 
         async def one(program: AgentProgram) -> None:
             stat = ProgramStat(program.program_id, program.workload, loop.time())
             stats.append(stat)
+            if gateway.admission is not None:  # its time waiting to be admitted counts in its latency
+                await gateway.admission.enter(program.program_id)
             await gateway.store.open(program.program_id, loop.time())
             try:
                 await program.run(SimLLM(gateway, stat, calls))
@@ -319,6 +350,8 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
             finally:
                 stat.finish = loop.time()
                 await gateway.store.end(program.program_id, remember=False)
+                if gateway.admission is not None:
+                    gateway.admission.leave(program.program_id)
 
         # one arrival at a time: a timer per waiting program would make the loop's heap huge
         tasks = []
@@ -340,7 +373,14 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     # what the loop processed: engine plans (single steps and decode runs), call arrivals and finishes,
     # program arrivals
     events = sum(e.plans for e in pool.values()) + 2 * len(calls) + len(stats)
-    return SimRun(result, engine_stats, events, wall, end)
+    gateway: SimGateway = holder["gateway"]
+    held: dict[str, Any] = {}
+    if gateway.flow is not None:
+        held["flow_control_held_calls"] = gateway.flow.held
+    if gateway.admission is not None:
+        held |= {"admission_held_programs": gateway.admission.held,
+                 "admission_refusals": gateway.admission.refused}
+    return SimRun(result, engine_stats, events, wall, end, extra=held)
 
 
 def sim_summary(run: SimRun) -> dict[str, Any]:
@@ -350,7 +390,8 @@ def sim_summary(run: SimRun) -> dict[str, Any]:
         "simulated_seconds": run.simulated_seconds,
         "engine_utilization": sum(busy) / len(busy) if busy else 0.0,
         "preemptions": sum(s["preemptions"] for s in run.engines.values()),
-    }
+        "prefill_tokens": sum(s["prefill_tokens"] for s in run.engines.values()),
+    } | run.extra
 
 
 def speed_stats(run: SimRun) -> dict[str, float]:

@@ -4,11 +4,12 @@ A program is an async function that drives an :class:`LLM` (the benchmark's
 HTTP client, or the simulator's modelled gateway): a ShareGPT multi-turn chat
 (``sharegpt``), a BFCL v3 ReAct tool loop (``bfcl``), a LATS tree search over
 a HotpotQA question (``lats``), multi-agent fan-out among short chats
-(``fanout``), or an interleaving of them (``mixed``). ``make_programs`` builds
+(``fanout``), an interleaving of them (``mixed``), or BFCL programs that
+pause for real-looking tool latencies (``tool-pause``). ``make_programs`` builds
 them from the shared workload data (``data``) with every random choice seeded
 per program, so the same seed gives the same programs and, against a
 deterministic LLM, the same calls. What they share is in ``base``; the run's
-records and metrics in ``metrics``. Both ``autellix.bench`` and
+records and metrics in ``metrics``. Both ``autellix.loadgen`` and
 ``autellix.sim`` import this package; it imports neither.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from autellix.workloads import bfcl, fanout, lats, mixed, sharegpt
+from autellix.workloads import bfcl, fanout, lats, mixed, sharegpt, tool_pause
 from autellix.workloads.base import (
     CALIBRATIONS,
     CONTEXT_LIMIT,
@@ -40,22 +41,24 @@ BUILDERS: dict[str, Builder] = {
     "lats": lats.build,
     "fanout": fanout.build,
     "multiagent": fanout.build_multiagent,
+    tool_pause.WORKLOAD: tool_pause.build,
 }
 
-WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "fanout", "mixed")
+WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "fanout", "mixed", tool_pause.WORKLOAD)
 
 
 def make_programs(
     workload: str, count: int, *, seed: int, calibration: str = "paper", data_dir: Path | None = None
 ) -> list[AgentProgram]:
-    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout" or "mixed"),
+    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout", "mixed" or "tool-pause"),
     deterministic in ``seed``.
 
     Program ``i`` of a workload draws everything from ``random.Random(f"{seed}:{workload}:{i}")``.
     "fanout" is multi-agent programs (rounds of 4-16 parallel calls over one long
     shared prompt; ``fanout.FANOUT_MULTIAGENT_SHARE`` of them) among short chats.
     "mixed" is an equal share of sharegpt, bfcl, lats and multi-agent programs
-    (``mixed.build``).
+    (``mixed.build``). "tool-pause" is BFCL programs that wait for log-normal
+    tool latencies over long shared tool docs (``tool_pause``).
     """
     if workload not in WORKLOADS and workload not in MIXED_KINDS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")

@@ -69,12 +69,12 @@ class _ReactTurn:
     reply_tokens: int
 
 
-def _call_name(call: str) -> str:
+def call_name(call: str) -> str:
     return call.split("(", 1)[0].strip()
 
 
 def _bfcl_system(entry: BfclEntry, funcs: Sequence[BfclFunction], calibration: str) -> str:
-    used = {_call_name(c) for turn in entry.ground_truth for c in turn}
+    used = {call_name(c) for turn in entry.ground_truth for c in turn}
     ordered = [f for f in funcs if f.name in used] + [f for f in funcs if f.name not in used]
     if calibration == "raw":
         lines, budget = [f.doc for f in ordered], BFCL_SYSTEM_RAW
@@ -102,7 +102,7 @@ def _fake_value(rng: random.Random, kind: str) -> object:
     return f"value_{rng.randrange(10_000)}"
 
 
-def _tool_result(rng: random.Random, func: BfclFunction | None, ok: bool, category: str, calibration: str) -> str:
+def tool_result(rng: random.Random, func: BfclFunction | None, ok: bool, category: str, calibration: str) -> str:
     if not ok:
         return json.dumps({"error": "Invalid arguments; check the parameters and try again."})
     fields = func.response_fields if func else ()
@@ -146,7 +146,7 @@ def bfcl_program(
                 ok = rng.random() >= retry
                 tokens = min(max(1, nbytes(call)), 256) if calibration == "raw" else draw(rng, *BFCL_DECODE)
                 delay = round(rng.uniform(*BFCL_TOOL_DELAY), 3)
-                result = _tool_result(rng, by_name.get(_call_name(call)), ok, entry.category, calibration)
+                result = tool_result(rng, by_name.get(call_name(call)), ok, entry.category, calibration)
                 steps.append(_ToolStep(tokens, delay, result))
         turns.append(_ReactTurn(text, tuple(steps), draw(rng, *BFCL_DECODE)))
         made += len(steps) + 1

@@ -11,9 +11,15 @@ simulator (``autellix sim --system``, ``autellix sim sweep``) compare: one table
   sends each call's PLAS queue level as ``priority`` (no plugin, no preemption);
 * ``mlfq``: gateway and engine plugin with classic MLFQ (every call starts in Q1);
 * ``plas``: gateway and engine plugin with PLAS;
-* ``autellix``: gateway and engine plugin with the default policy (width-aware ATLAS).
+* ``autellix``: gateway and engine plugin with the default policy (width-aware
+  ATLAS), and program admission (``autellix.core.admission``);
+* ``autellix-no-admission``: the same, every program admitted at once;
+* ``llmd-fairness``: llm-d's program-aware flow control (gateway-side
+  per-program queues while the pool is saturated, ``autellix.core.flow_control``)
+  in front of stock vLLM engines run as ``vllm-opt``: the program-aware rival
+  (docs/rival.md).
 
-Standard library only: ``autellix.bench`` and ``autellix.sim`` both read it.
+Standard library only: ``autellix.loadgen`` and ``autellix.sim`` both read it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ class System:
     #: No gateway: each program sends its own bucketed token count as vLLM's
     #: ``priority`` (``autellix.workloads.client_priority``).
     client_priority: bool = False
+    #: llm-d's flow control in front of the engines: calls wait at the gateway in
+    #: per-program queues while the pool is saturated (``autellix.core.flow_control``).
+    flow_control: bool = False
+    #: Program admission: new programs wait while the engines are full (``autellix.core.admission``).
+    admission: bool = False
 
 
 #: The paper's systems (Figure 12), the other policies of the core, and ``client-plas``.
@@ -50,7 +61,9 @@ SYSTEMS: dict[str, System] = {
     "vllm-priority": System("vllm-priority", "vllm-priority", "plas"),
     "mlfq": System("mlfq", "autellix", "mlfq"),
     "plas": System("plas", "autellix", "plas"),
-    "autellix": System("autellix", "autellix", "atlas"),
+    "autellix": System("autellix", "autellix", "atlas", admission=True),
+    "autellix-no-admission": System("autellix-no-admission", "autellix", "atlas"),
+    "llmd-fairness": System("llmd-fairness", "fcfs", None, flow_control=True),
 }
 
 __all__ = ["SYSTEMS", "System"]

@@ -1,0 +1,82 @@
+"""The gateway's periodic upkeep: idle programs expire, changed key files reload."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from abc import ABC, abstractmethod
+
+from autellix.control import ProgramStore, Sessions
+from autellix.control.keys import KeyRing
+from autellix.control.limits import TenantLimiter
+
+log = logging.getLogger("autellix.gateway")
+
+
+class Periodic(ABC):
+    """A task that runs ``tick`` every ``interval`` seconds while the gateway runs."""
+
+    name = "periodic"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    @abstractmethod
+    async def tick(self) -> None: ...
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.tick()
+            except Exception:  # the next tick tries again
+                log.exception("%s failed", self.name)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class SessionExpiry(Periodic):
+    """Programs idle past the store's TTL leave the table; their tenants' session counts and standing follow."""
+
+    name = "session-expiry"
+
+    def __init__(self, store: ProgramStore, sessions: Sessions, limiter: TenantLimiter) -> None:
+        super().__init__(min(30.0, store.idle_ttl / 4))
+        self.store, self.sessions, self.limiter = store, sessions, limiter
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        for entry in await self.store.expire(now):
+            self.limiter.session_closed(entry.owner, entry.program_id, now)
+            self.sessions.program_left(entry, now)
+            log.info("program %s expired after %.0fs idle", entry.program_id, self.store.idle_ttl)
+
+
+class KeyReload(Periodic):
+    """Key files changed (a Secret rotated): reload; a broken change keeps the old keys."""
+
+    name = "keys-reload"
+
+    def __init__(self, rings: dict[str, KeyRing], interval: float) -> None:
+        super().__init__(interval)
+        self.rings = rings
+
+    async def tick(self) -> None:
+        for name, ring in self.rings.items():
+            if ring.refresh():
+                log.info("%s keys reloaded: %d keys", name, len(ring))
+            elif ring.last_error:
+                log.error("%s keys not reloaded, the previous ones stay: %s", name, ring.last_error)
+
+
+__all__ = ["KeyReload", "Periodic", "SessionExpiry"]
