@@ -7,7 +7,10 @@ Starts an instant upstream (``experiments/instant_engine.py``), the Autellix gat
 * latency at a fixed open-loop request rate (p50, p99; added = target - direct,
   paired per repetition, median over repetitions), and
 * throughput in a closed loop at fixed concurrencies (requests completed per
-  second; the saturation rate is the best concurrency's median).
+  second; the saturation rate is the best concurrency's median), driven by wrk
+  (Debian's ``wrk``: a C load generator, faster than any target here) when it is
+  installed, else by this script's aiohttp client, which on two cores may
+  saturate before the target does (the report's ``closed_loop_client`` says which).
 
 Run: ``.venv/bin/python experiments/gateway_overhead.py [--format json]``. A
 benchmark, not a test: figures depend on the machine; compare them side by side.
@@ -72,9 +75,9 @@ class Processes:
         self.logdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
-    def start(self, name: str, argv: list[str]) -> None:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.logdir / f"{name}.log").open("wb")
-        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                   stdin=subprocess.DEVNULL, start_new_session=True)))
 
     def check_alive(self) -> None:
@@ -166,6 +169,39 @@ async def closed_loop(http: aiohttp.ClientSession, url: str, concurrency: int, d
     return done / (time.perf_counter() - start)
 
 
+WRK_SCRIPT = f"""wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{BODY.decode()}'
+"""
+
+
+async def closed_loop_wrk(url: str, concurrency: int, duration: float) -> float:
+    """The same closed loop by wrk (one thread, ``concurrency`` connections): 2xx answers per second."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", script.name,
+            url, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), duration + 30)
+    finally:
+        os.unlink(script.name)
+    text = out.decode()
+    total = seconds = None
+    bad = 0
+    for line in text.splitlines():
+        words = line.split()
+        if "requests in" in line:  # "  12345 requests in 3.00s, 4.56MB read"
+            total, seconds = int(words[0]), float(words[3].rstrip(",").removesuffix("s"))
+        elif line.strip().startswith("Non-2xx or 3xx responses:"):
+            bad += int(words[-1])
+        elif line.strip().startswith("Socket errors:"):  # connect N, read N, write N, timeout N
+            bad += sum(int(w.rstrip(",")) for w in words[3::2])
+    if total is None or not seconds:
+        raise RuntimeError(f"wrk printed no count:\n{text}")
+    return max(total - bad, 0) / seconds
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest rank; NaN for no values."""
     if not values:
@@ -191,7 +227,8 @@ async def measure(targets: list[Target], args: argparse.Namespace, procs: Proces
                 res.p99.setdefault(t.name, []).append(percentile(lat, 0.99) * 1e3)
                 res.errors[t.name] = res.errors.get(t.name, 0) + errors
                 for c in args.concurrency:
-                    rps = await closed_loop(http, url, c, args.closed_duration)
+                    rps = (await closed_loop_wrk(url, c, args.closed_duration) if args.closed_loop_client == "wrk"
+                           else await closed_loop(http, url, c, args.closed_duration))
                     res.rps.setdefault(t.name, {}).setdefault(c, []).append(rps)
                 if not args.quiet:
                     print(f"rep {rep + 1}/{args.reps} {t.name:>8}: p50 {res.p50[t.name][-1]:.2f} ms, "
@@ -204,7 +241,8 @@ async def measure(targets: list[Target], args: argparse.Namespace, procs: Proces
 def summarize(res: Results, args: argparse.Namespace) -> dict[str, Any]:
     med = statistics.median
     out: dict[str, Any] = {"rate": args.rate, "duration_s": args.duration, "reps": args.reps,
-                           "concurrency": args.concurrency, "targets": {}}
+                           "concurrency": args.concurrency, "closed_loop_client": args.closed_loop_client,
+                           "targets": {}}
     for name in res.p50:
         entry: dict[str, Any] = {
             "p50_ms": med(res.p50[name]), "p99_ms": med(res.p99[name]), "errors": res.errors[name],
@@ -216,9 +254,17 @@ def summarize(res: Results, args: argparse.Namespace) -> dict[str, Any]:
             entry["added_p50_ms"] = med(a - b for a, b in zip(res.p50[name], res.p50["direct"], strict=True))
             entry["added_p99_ms"] = med(a - b for a, b in zip(res.p99[name], res.p99["direct"], strict=True))
         out["targets"][name] = entry
-    if "gateway" in out["targets"] and "router" in out["targets"]:
-        out["gateway_over_router_saturation"] = (out["targets"]["gateway"]["saturation_rps"]
-                                                 / out["targets"]["router"]["saturation_rps"])
+    targets = out["targets"]
+    for gateway in ("gateway", "gateway-before"):
+        if gateway in targets and "router" in targets:
+            out[f"{gateway}_over_router_saturation"] = targets[gateway]["saturation_rps"] / targets["router"][
+                "saturation_rps"]
+    if "gateway" in targets and "gateway-before" in targets:  # the change, paired per repetition
+        out["gateway_over_before_saturation"] = med(
+            max(a) / max(b) for a, b in zip(zip(*res.rps["gateway"].values(), strict=True),
+                                              zip(*res.rps["gateway-before"].values(), strict=True), strict=True))
+        out["gateway_minus_before_p50_ms"] = med(
+            a - b for a, b in zip(res.p50["gateway"], res.p50["gateway-before"], strict=True))
     return out
 
 
@@ -238,8 +284,12 @@ def print_table(summary: dict[str, Any]) -> None:
                       *(f"{e['rps'][c]:.0f}" for c in cs), f"{e['saturation_rps']:.0f}", str(e["errors"]))
     console = Console(width=None if sys.stdout.isatty() else 150)
     console.print(table)
-    if "gateway_over_router_saturation" in summary:
-        console.print(f"gateway / router saturation rate: {summary['gateway_over_router_saturation']:.2f}")
+    for key, label in (("gateway_over_router_saturation", "gateway / router saturation rate"),
+                       ("gateway-before_over_router_saturation", "gateway before / router saturation rate"),
+                       ("gateway_over_before_saturation", "gateway / gateway before, saturation (per rep)"),
+                       ("gateway_minus_before_p50_ms", "gateway - gateway before, p50 ms (per rep)")):
+        if key in summary:
+            console.print(f"{label}: {summary[key]:.2f}")
 
 
 def main() -> None:
@@ -248,11 +298,17 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of open-loop load per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 64], help="closed-loop callers")
     parser.add_argument("--closed-duration", type=float, default=3.0, help="seconds per closed-loop measurement")
+    parser.add_argument("--closed-loop-client", choices=["wrk", "aiohttp"],
+                        default="wrk" if shutil.which("wrk") else "aiohttp",
+                        help="what drives the closed loop (default: wrk when installed)")
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (at least 3 advised)")
     parser.add_argument("--warmup", type=float, default=1.0, help="closed-loop warm-up seconds per target")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition progress on stderr")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a checkout of another revision (e.g. `git worktree add /tmp/before REV`): its gateway "
+                             "runs beside this one as `gateway-before`, so a change is measured in one run")
     args = parser.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below still runs
@@ -266,6 +322,12 @@ def main() -> None:
         procs.start("gateway", [sys.executable, "-m", "autellix", "gateway", "--port", str(gateway_port),
                                 "--engine", engine])
         targets = [Target("direct", engine, "/health"), Target("gateway", f"http://{HOST}:{gateway_port}", "/ready")]
+        if args.before is not None:
+            before_port = free_port()
+            procs.start("gateway-before", [sys.executable, "-m", "autellix", "gateway", "--port", str(before_port),
+                                           "--engine", engine],
+                        env={**os.environ, "PYTHONPATH": str(args.before.resolve() / "src")})
+            targets.append(Target("gateway-before", f"http://{HOST}:{before_port}", "/ready"))
         router = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
         if router and not args.no_router:
             procs.start("router", [router, "--worker-urls", engine, "--port", str(router_port),

@@ -11,11 +11,14 @@ global), the order alternating between rounds:
   pressure when that costs less than the recompute.
 
 The counts (prefix tokens recomputed, prefill tokens, cache hits) come from the
-engine's own counters and hardly depend on the machine's speed; record them
-anywhere. The latencies are wall-clock: record them only on a quiet machine.
-Tool-pause, counts (the record's table)::
+engine's own counters. In real time (the default) they depend on how fast the
+engine steps against the pauses: a loaded machine recomputes more under LRU and
+under retention alike. ``--step-s`` runs in step time (each engine step lasts
+that long; pauses and the scheduler's clock follow), where the counts are the
+same on any machine; the latencies are then steps x ``step_s``. Real-time
+latencies: record them only on a quiet machine. Tool-pause, counts::
 
-    .venv/bin/python experiments/kv_retention_engine.py --rounds 2 --out docs/results/kv-retention-engine.json
+    .venv/bin/python experiments/kv_retention_engine.py --rounds 1 --step-s 0.03
 
 What retention costs a workload without tools (latency; quiet machine)::
 
@@ -56,12 +59,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=2)
     parser.add_argument("--pause-scale", type=float, default=0.3)
     parser.add_argument("--host-pool-blocks", type=int, default=256)
+    parser.add_argument("--step-s", type=float, default=0.0, help="step time per engine step; 0: real time")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     shape = ["--workload", args.workload, "--programs", str(args.programs), "--max-calls", str(args.max_calls),
              "--kv-blocks", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs),
-             "--pause-scale", str(args.pause_scale), "--host-pool-blocks", str(args.host_pool_blocks)]
+             "--pause-scale", str(args.pause_scale), "--host-pool-blocks", str(args.host_pool_blocks),
+             "--step-s", str(args.step_s)]
     configs = args.configs.split(",")
     rows: list[dict[str, Any]] = []
     for r in range(args.rounds):

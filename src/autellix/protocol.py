@@ -56,6 +56,11 @@ AGENT_PARENT_HEADERS = ("x-dynamo-parent-session-id", "x-parent-session-id")
 CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
 CLAUDE_CODE_AGENT_HEADER = "x-claude-code-agent-id"
 CLAUDE_CODE_PARENT_AGENT_HEADER = "x-claude-code-parent-agent-id"
+#: A new program's priority class for admission under overload (an integer; higher first; below zero:
+#: sheddable). ``POST /v1/sessions`` takes it as the field ``priority``.
+PRIORITY_HEADER = "X-Autellix-Priority"
+#: Bounds of a priority class.
+MAX_PRIORITY_CLASS = 1_000_000
 #: Longest session or thread id accepted in a header.
 MAX_ID_LENGTH = 256
 
@@ -84,6 +89,8 @@ ADMIN_ENGINES_PATH = "/admin/engines"
 ADMIN_DRAIN_PATH = ADMIN_ENGINES_PATH + "/drain"
 ADMIN_UNDRAIN_PATH = ADMIN_ENGINES_PATH + "/undrain"
 ADMIN_CALLS_PATH = "/admin/calls"
+#: Program admission under overload: admitted and waiting programs, the limits now.
+ADMIN_ADMISSION_PATH = "/admin/admission"
 #: Sessions opened, read and ended on a tenant's behalf (the operator's AgentPrograms):
 #: ``POST {"tenant": NAME}``, ``GET``/``DELETE ADMIN_SESSIONS_PATH + "/" + id``.
 ADMIN_SESSIONS_PATH = "/admin/sessions"
@@ -267,6 +274,7 @@ class APIError(Exception):
 
 
 __all__ = [
+    "ADMIN_ADMISSION_PATH",
     "ADMIN_CALLS_PATH",
     "ADMIN_DRAIN_PATH",
     "ADMIN_ENGINES_PATH",
@@ -297,12 +305,14 @@ __all__ = [
     "HEALTH_PATH",
     "IMPLICIT_SESSION_HEADERS",
     "MAX_ID_LENGTH",
+    "MAX_PRIORITY_CLASS",
     "MESSAGES_COUNT_TOKENS_PATH",
     "MESSAGES_PATH",
     "METRICS_PATH",
     "MODELS_PATH",
     "PARENT_HEADER",
     "PRIORITY_FIELD",
+    "PRIORITY_HEADER",
     "READY_PATH",
     "RECORD_HEADER",
     "RESPONSES_PATH",

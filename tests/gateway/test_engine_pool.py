@@ -114,6 +114,12 @@ vllm:request_inference_time_seconds_sum{engine="0",model_name="tiny-llama"} 2.84
 vllm:request_inference_time_seconds_bucket{engine="0",le="0.3",model_name="tiny-llama"} 40.0
 vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny-llama"} 44.0
 vllm:request_inference_time_seconds_count{engine="0",model_name="tiny-llama"} 44.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.25
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="2048"} 1.0
 """
 
 
@@ -122,8 +128,17 @@ def test_the_pool_parses_only_the_metrics_it_reads() -> None:
     read = parse_metrics(VLLM_METRICS, VllmBackend.pool_metrics)
     assert read == {name: everything[name] for name in VllmBackend.pool_metrics}
     assert read == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 5.0,
-                    "vllm:generation_tokens_total": 1284.0, "vllm:request_inference_time_seconds_sum": 2.84}
+                    "vllm:generation_tokens_total": 1284.0, "vllm:request_inference_time_seconds_sum": 2.84,
+                    "vllm:kv_cache_usage_perc": 0.25}
     assert everything["vllm:num_requests_waiting_by_reason"] == 5.0  # a longer name is a different metric
+
+
+def test_the_kv_capacity_is_read_from_the_cache_config_labels() -> None:
+    backend = VllmBackend()
+    assert backend.kv_blocks(VLLM_METRICS) == (2048, 16)
+    assert backend.kv_usage(parse_metrics(VLLM_METRICS, VllmBackend.pool_metrics)) == 0.25
+    assert backend.kv_blocks(VLLM_METRICS.replace('num_gpu_blocks="2048"', 'num_gpu_blocks="None"')) is None
+    assert backend.kv_blocks("") is None
 
 
 @pytest.mark.asyncio

@@ -71,6 +71,14 @@ class EngineBackend(Protocol):
         """(model seconds, generated tokens) totals for pricing a token; None if absent."""
         ...
 
+    def kv_blocks(self, metrics_text: str) -> tuple[int, int] | None:
+        """(KV blocks in all, tokens per block) from a scrape's text; None: the engine does not say."""
+        ...
+
+    def kv_usage(self, metrics: Mapping[str, float]) -> float | None:
+        """The share of KV blocks held by calls (0 to 1), from a parsed scrape; None: not said."""
+        ...
+
     def drain_ready(self, metrics: Mapping[str, float]) -> bool:
         """True when the engine holds no call: its pod may stop."""
         ...

@@ -21,6 +21,17 @@ def parse_metrics(text: str, names: Collection[str] | None = None) -> dict[str, 
     return totals
 
 
+def sample_labels(text: str, name: str) -> dict[str, str] | None:
+    """The labels of the first sample named ``name`` (an info metric's values), or None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    lines = "\n".join(line for line in text.splitlines() if _sample_name(line) == name)
+    for family in text_string_to_metric_families(lines):
+        for sample in family.samples:
+            return dict(sample.labels)
+    return None
+
+
 def _sample_name(line: str) -> str:
     """The metric name a text-format line samples ('' for comments)."""
     return "" if line.startswith("#") else line.split("{", 1)[0].split(" ", 1)[0]

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autellix.backends.base import CallOutcome, EngineLoad
+from autellix.backends.scrape import sample_labels
 from autellix.protocol import (
     FEEDBACK_INFO_PATH,
     PRIORITY_FIELD,
@@ -33,13 +34,15 @@ from autellix.protocol import (
 )
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+#: The KV cache: the share held by calls, and the cache's shape (an info metric: its labels say it).
+KV_USAGE, CACHE_INFO = "vllm:kv_cache_usage_perc", "vllm:cache_config_info"
 INFERENCE_SECONDS, GENERATION_TOKENS = "vllm:request_inference_time_seconds_sum", "vllm:generation_tokens_total"
 
 
 class VllmBackend:
     name = "vllm"
-    #: vLLM's ``/metrics`` runs to about 630 lines; these four are all the pool reads.
-    pool_metrics = frozenset({RUNNING, WAITING, INFERENCE_SECONDS, GENERATION_TOKENS})
+    #: vLLM's ``/metrics`` runs to about 630 lines; these are all the pool reads (and ``CACHE_INFO``'s labels).
+    pool_metrics = frozenset({RUNNING, WAITING, INFERENCE_SECONDS, GENERATION_TOKENS, KV_USAGE})
 
     def annotate(self, body: Mapping[str, Any], fields: SchedulingFields, *, stream: bool) -> dict[str, Any]:
         out = dict(body)
@@ -75,6 +78,17 @@ class VllmBackend:
     def price_counters(self, metrics: Mapping[str, float]) -> tuple[float, float] | None:
         seconds, tokens = metrics.get(INFERENCE_SECONDS), metrics.get(GENERATION_TOKENS)
         return None if seconds is None or tokens is None else (seconds, tokens)
+
+    def kv_blocks(self, metrics_text: str) -> tuple[int, int] | None:
+        labels = sample_labels(metrics_text, CACHE_INFO)
+        try:
+            return (int(labels["num_gpu_blocks"]), int(labels["block_size"])) if labels else None
+        except (KeyError, ValueError):
+            return None
+
+    def kv_usage(self, metrics: Mapping[str, float]) -> float | None:
+        usage = metrics.get(KV_USAGE)
+        return None if usage is None else min(1.0, max(0.0, usage))
 
     def drain_ready(self, metrics: Mapping[str, float]) -> bool:
         load = self.load(metrics)

@@ -99,6 +99,10 @@ def gateway(
                                       "(programs and engine drains); default: in memory")] = None,
     shutdown_grace: Annotated[float, typer.Option(
         min=0, help="SIGTERM: seconds for calls and streams in flight to finish (not ready meanwhile)")] = 30.0,
+    program_admission: Annotated[bool, typer.Option(
+        help="New programs wait while the engines are saturated (docs/gateway.md, 'Program admission')")] = True,
+    engine_slots: Annotated[int, typer.Option(
+        min=1, help="Running slots of each engine (vLLM's --max-num-seqs): program admission's queue bound")] = 256,
     replica_name: Annotated[str | None, typer.Option(
         envvar="AUTELLIX_REPLICA_NAME", help="This replica's label in /metrics (default: HOSTNAME:PORT)")] = None,
 ) -> None:
@@ -128,7 +132,8 @@ def gateway(
                            max_n=max_n,
                            max_tokens=max_tokens, connect_timeout=connect_timeout, whole_timeout=whole_timeout,
                            idle_read_timeout=idle_read_timeout, attempt_timeout=attempt_timeout,
-                           write_timeout=write_timeout)
+                           write_timeout=write_timeout, program_admission=program_admission,
+                           engine_slots=engine_slots)
     try:
         serve(config, host, port, store_url=store, shutdown_grace=shutdown_grace, replica=replica_name)
     except (ExposedError, KeysError, ValueError) as exc:

@@ -217,7 +217,8 @@ class RequestController:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  observer: ControllerObserver | None = None, rng: random.Random | None = None,
                  call_ids: Callable[[], str] | None = None,
-                 on_program_left: Callable[[Any, float], None] | None = None) -> None:
+                 on_program_left: Callable[[Any, float], None] | None = None,
+                 on_call_done: Callable[[str, int], None] | None = None) -> None:
         self.store, self.engines, self.backend = store, engines, backend
         self.balancer, self.queues = balancer, queues
         self.policy = policy or store.policy
@@ -230,6 +231,8 @@ class RequestController:
         self.recent: deque[CallLog] = deque(maxlen=RECENT_CALLS)
         #: A one-call program left the table (its tenant's standing counts its service).
         self.on_program_left = on_program_left
+        #: A call finished with this many tokens of context, prompt and reply (program admission's working set).
+        self.on_call_done = on_call_done
 
     # ---- what the engine is told ----------------------------------------------------
     def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str) -> SchedulingFields:
@@ -396,6 +399,8 @@ class _Settlement:
         c.observer.settled(source, wait)
         store.call_finished(self.program_id, self.call_id, c.clock(), model_time=model_time, wait=wait,
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens)
+        if c.on_call_done is not None:
+            c.on_call_done(self.program_id, outcome.prompt_tokens + outcome.completion_tokens)
 
     def _used_by_abort(self, outcome: CallOutcome | None, record: CallRecord | None) -> float:
         """Model time a call that did not finish consumed: a client that disconnected after its

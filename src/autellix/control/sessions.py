@@ -29,6 +29,11 @@ other tenants get 404, and implicit session ids are scoped per tenant (two
 tenants' ``x-session-id: run-1`` are two programs, ``<tenant>/run-1`` in the
 table). Every check runs before the first state change.
 
+With a ``ProgramGate`` (``autellix.control.admission``), a new program that is no
+subagent waits for admission before it opens while the engines are saturated
+(its priority class from ``POST /v1/sessions``'s ``priority`` or the header
+``X-Autellix-Priority``), and its leaving frees its place.
+
 With a ``TenantStanding``, a tenant's new program starts at the service its
 tenant's recently ended programs carry (``autellix.control.standing``), so
 opening fresh sessions does not reset its standing; a subagent starts in its
@@ -41,6 +46,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+from autellix.control.admission import ProgramGate
 from autellix.control.response_records import StoredResponse
 from autellix.control.standing import TenantStanding
 from autellix.control.store import ProgramStore
@@ -52,7 +58,9 @@ from autellix.protocol import (
     CLAUDE_CODE_SESSION_HEADER,
     IMPLICIT_SESSION_HEADERS,
     MAX_ID_LENGTH,
+    MAX_PRIORITY_CLASS,
     PARENT_HEADER,
+    PRIORITY_HEADER,
     SESSION_HEADER,
     THREAD_HEADER,
     APIError,
@@ -75,16 +83,30 @@ def session_not_found(program_id: str, ended: bool, *, param: str | None = None)
 class Sessions:
     """Session rules over a ``ProgramStore``; ``owner`` is the caller's identity (None: auth off)."""
 
-    def __init__(self, store: ProgramStore, standing: TenantStanding | None = None) -> None:
+    def __init__(self, store: ProgramStore, standing: TenantStanding | None = None,
+                 gate: ProgramGate | None = None) -> None:
         self.store = store
         #: Applies to named tenants only: with auth off nobody can be told apart.
         self.standing = standing
+        #: Program admission under overload (None: every program starts at once).
+        self.gate = gate
 
     async def open(self, now: float, owner: str | None, *, program_id: str | None = None,
-                   implicit: bool = False, parent: str | None = None) -> ProgramEntry:
-        """A new program; ``parent`` (a table id the caller may see, already checked) makes it a subagent."""
-        entry = await self.store.open(program_id or f"sess-{uuid.uuid4().hex}", now, owner=owner, implicit=implicit,
-                                      parent=parent)
+                   implicit: bool = False, parent: str | None = None, priority: int = 0) -> ProgramEntry:
+        """A new program; ``parent`` (a table id the caller may see, already checked) makes it a subagent.
+        A program that is no subagent is admitted first (it may wait, or get a 429)."""
+        program_id = program_id or f"sess-{uuid.uuid4().hex}"
+        admitted = self.gate is not None and parent is None
+        if admitted:
+            assert self.gate is not None
+            await self.gate.enter(program_id, priority=priority)
+        try:
+            entry = await self.store.open(program_id, now, owner=owner, implicit=implicit, parent=parent)
+        except BaseException:
+            if admitted:
+                assert self.gate is not None
+                self.gate.leave(program_id)
+            raise
         if self.standing is not None and owner is not None and parent is None:
             floor = self.standing.take_floor(owner, now)
             if floor > entry.service:
@@ -92,10 +114,12 @@ class Sessions:
         return entry
 
     def program_left(self, entry: ProgramEntry, now: float) -> None:
-        """A program left the table (ended, expired, one-call): its service joins its tenant's carry.
-        A subagent's service is its tree's, which its root carries."""
+        """A program left the table (ended, expired, one-call): its service joins its tenant's carry, and its
+        place among the admitted programs frees. A subagent's service is its tree's, which its root carries."""
         if self.standing is not None and entry.owner is not None and entry.parent is None:
             self.standing.program_left(entry.owner, entry.tree_service, now)
+        if self.gate is not None and entry.parent is None:
+            self.gate.leave(entry.program_id)
 
     async def get(self, program_id: str, owner: str | None, *, param: str | None = None) -> ProgramEntry:
         """The caller's session ``program_id``: an implicit one by the id its header gave, too."""
@@ -124,7 +148,7 @@ class Sessions:
         named = await self.named(headers, owner, now)
         if named is not None:
             return named
-        entry = await self.open(now, owner, program_id=f"call-{uuid.uuid4().hex}")
+        entry = await self.open(now, owner, program_id=f"call-{uuid.uuid4().hex}", priority=header_priority(headers))
         return CallOwner(entry.program_id, header_id(headers, THREAD_HEADER), ephemeral=True)
 
     async def resolve_chain(self, headers: Mapping[str, str], owner: str | None, now: float, *,
@@ -139,7 +163,8 @@ class Sessions:
             entry = await self.store.load(previous.program_id)
             if entry is not None and entry.owner == owner:
                 return CallOwner(entry.program_id, thread, ephemeral=False)
-        entry = await self.open(now, owner, program_id=scoped_id(owner, f"chain-{response_id}"), implicit=True)
+        entry = await self.open(now, owner, program_id=scoped_id(owner, f"chain-{response_id}"), implicit=True,
+                                priority=header_priority(headers))
         return CallOwner(entry.program_id, thread, ephemeral=False)
 
     async def named(self, headers: Mapping[str, str], owner: str | None, now: float) -> CallOwner | None:
@@ -161,11 +186,12 @@ class Sessions:
                 async def parent() -> str | None:
                     return await self._parent_by_header(headers, owner, now)
 
-                return CallOwner(await self._implicit(session, owner, now, parent), thread, ephemeral=False)
+                return CallOwner(await self._implicit(session, owner, now, parent, header_priority(headers)), thread,
+                                 ephemeral=False)
         return None
 
     async def _implicit(self, session: str, owner: str | None, now: float,
-                        parent: Callable[[], Awaitable[str | None]] | None) -> str:
+                        parent: Callable[[], Awaitable[str | None]] | None, priority: int = 0) -> str:
         """The implicit session ``session`` (the tenant's own), opened if it is not live, as a subagent of
         what ``parent`` finds (asked only then, after every check)."""
         implicit = scoped_id(owner, session)
@@ -176,7 +202,7 @@ class Sessions:
             raise session_not_found(session, True)
         parent_id = await parent() if parent is not None else None
         try:
-            await self.open(now, owner, program_id=implicit, implicit=True, parent=parent_id)
+            await self.open(now, owner, program_id=implicit, implicit=True, parent=parent_id, priority=priority)
         except DuplicateProgram:  # opened meanwhile by a concurrent call: join it
             await self.get(implicit, owner)
         return implicit
@@ -225,6 +251,24 @@ def _agent_id(session: str, agent: str) -> str:
 def scoped_id(owner: str | None, session_id: str) -> str:
     """An implicit session's id in the table: the tenant's own namespace (tenant names have no '/')."""
     return session_id if owner is None else f"{owner}/{session_id}"
+
+
+def header_priority(headers: Mapping[str, str]) -> int:
+    """A new program's priority class from ``X-Autellix-Priority`` (0 without it; else 400)."""
+    value = headers.get(PRIORITY_HEADER)
+    if value is None:
+        return 0
+    return priority_class(value.strip(), PRIORITY_HEADER)
+
+
+def priority_class(value: object, param: str) -> int:
+    """A priority class: an integer from -MAX to MAX (a header's text or a JSON number); else 400."""
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) > MAX_PRIORITY_CLASS:
+        raise APIError(400, f"{param} must be an integer from -{MAX_PRIORITY_CLASS} to {MAX_PRIORITY_CLASS} "
+                       "(a program's priority class: higher first, below zero sheddable).", param=param)
+    return value
 
 
 def header_id(headers: Mapping[str, str], name: str) -> str | None:

@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import itertools
 import json
 import os
@@ -68,6 +69,9 @@ class Scenario:
     pause_scale: float = 0.3
     #: Seconds between program starts.
     stagger_s: float = 0.5
+    #: Each engine step lasts this long in step time (pauses, starts and the scheduler's clock with it),
+    #: so the run does not depend on the machine's speed; 0: real time.
+    step_s: float = 0.0
     #: At most this many calls per program (the rest of its plan is not run).
     max_calls: int = 12
     retention: bool = True
@@ -82,19 +86,72 @@ class Scenario:
         for name in ("programs", "kv_blocks", "max_num_seqs", "max_calls"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.pause_scale < 0 or self.stagger_s < 0 or self.host_pool_blocks < 0:
-            raise ValueError("pause_scale, stagger_s and host_pool_blocks must be >= 0")
+        if min(self.pause_scale, self.stagger_s, self.host_pool_blocks, self.step_s) < 0:
+            raise ValueError("pause_scale, stagger_s, host_pool_blocks and step_s must be >= 0")
 
 
 class _Done(Exception):
     """A program reached its call budget."""
 
 
+class _WallClock:
+    """Real time: tool pauses are sleeps, the scheduler reads ``time.monotonic``."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def stepped(self) -> None:
+        """The engine made a step."""
+
+    def skip_idle(self) -> bool:
+        """The engine has nothing to run: moves time on to the next wake-up; False if none is due."""
+        return False
+
+
+class _StepClock:
+    """Step time: each engine step lasts ``step_s``, and when the engine is idle time jumps to the next
+    wake-up. The scheduler reads this clock too, so the run is the same on a fast machine and a loaded
+    one: what the engine computes depends on the order of calls and pauses, not on its speed."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self.time = 0.0
+        self.wakes: list[tuple[float, int, asyncio.Future[None]]] = []
+        self.order = itertools.count()
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.wakes, (self.time + max(seconds, 0.0), next(self.order), wake))
+        await wake
+
+    def _wake_due(self) -> None:
+        while self.wakes and self.wakes[0][0] <= self.time:
+            heapq.heappop(self.wakes)[2].set_result(None)
+
+    def stepped(self) -> None:
+        self.time += self.step_s
+        self._wake_due()
+
+    def skip_idle(self) -> bool:
+        if not self.wakes:
+            return False
+        self.time = max(self.time, self.wakes[0][0])
+        self._wake_due()
+        return True
+
+
 class _EngineDriver:
     """Steps an in-process ``LLMEngine`` and resolves each call when its request finishes."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, clock: _WallClock | _StepClock) -> None:
         self.engine = engine
+        self.clock = clock
         self.pending: dict[str, asyncio.Future[Any]] = {}
         self.ids = itertools.count()
         self.calls = 0
@@ -119,7 +176,10 @@ class _EngineDriver:
                 for output in self.engine.step():
                     if output.finished:
                         self.pending.pop(output.request_id).set_result(output)
+                self.clock.stepped()
                 await asyncio.sleep(0)  # let the programs woken here send their next calls
+            elif self.clock.skip_idle():
+                await asyncio.sleep(0)
             else:
                 await asyncio.sleep(0.002)
 
@@ -144,24 +204,25 @@ class _ProgramLLM:
         return reply
 
     async def tool(self, seconds: float) -> None:
-        await asyncio.sleep(seconds * self.scenario.pause_scale)
+        await self.driver.clock.sleep(seconds * self.scenario.pause_scale)
 
 
-async def _run_programs(engine: Any, s: Scenario) -> tuple[_EngineDriver, list[float]]:
+async def _run_programs(engine: Any, s: Scenario, clock: _WallClock | _StepClock
+                        ) -> tuple[_EngineDriver, list[float]]:
     """Runs the programs; returns the driver (calls made, replies) and each program's token latency
-    (seconds per token)."""
-    driver = _EngineDriver(engine)
+    (seconds per token, on ``clock``)."""
+    driver = _EngineDriver(engine, clock)
     stop = asyncio.Event()
     pump = asyncio.create_task(driver.pump(stop))
     latencies: list[float] = []
 
     async def one(index: int, program: Any) -> None:
-        await asyncio.sleep(index * s.stagger_s)
+        await clock.sleep(index * s.stagger_s)
         llm = _ProgramLLM(driver, program.program_id, s)
-        started = time.monotonic()
+        started = clock.now()
         with contextlib.suppress(_Done):  # its call budget is spent
             await program.run(llm)
-        latencies.append((time.monotonic() - started) / max(llm.tokens, 1))
+        latencies.append((clock.now() - started) / max(llm.tokens, 1))
 
     programs = make_programs(s.workload, s.programs, seed=s.seed)
     try:
@@ -200,7 +261,9 @@ def run(s: Scenario) -> dict[str, Any]:
     started = time.perf_counter()
     if s.random_weights:
         llm.apply_model(randomize_weights(s.seed))
-    driver, latencies = asyncio.run(_run_programs(llm.llm_engine, s))
+    clock = _StepClock(s.step_s) if s.step_s > 0 else _WallClock()
+    scheduler.clock = clock.now
+    driver, latencies = asyncio.run(_run_programs(llm.llm_engine, s, clock))
     elapsed = time.perf_counter() - started
     scheduler.step_trace.flush()
     steps = summarize_steps(read_trace(trace))
@@ -211,7 +274,7 @@ def run(s: Scenario) -> dict[str, Any]:
         "elapsed_s": round(elapsed, 1),
         "calls": driver.calls,
         "replies_sha256": hashlib.sha256(json.dumps(driver.replies, sort_keys=True).encode()).hexdigest(),
-        # wall-clock: comparable only between runs on a quiet machine
+        # in real time comparable only between runs on a quiet machine; in step time, steps x step_s
         "mean_program_token_latency_ms": round(1e3 * sum(latencies) / len(latencies), 2),
         "recomputed_prefix_tokens": int(stats["recomputed_prefix_blocks"]) * block,
         "reused_prefix_tokens": int(stats["reused_prefix_blocks"]) * block,

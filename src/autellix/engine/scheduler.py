@@ -38,6 +38,7 @@ import heapq
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import PriorityRequestQueue, SchedulingPolicy
@@ -100,6 +101,8 @@ class TracedScheduler(Scheduler):
 class AutellixScheduler(TracedScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: What the planner and retention read as now; an in-process scenario in step time replaces it.
+        self.clock: Callable[[], float] = time.monotonic
         self.autellix_config = SchedulerConfig.from_env()
         if self.policy is not SchedulingPolicy.PRIORITY:
             log.info("Autellix orders requests by queue rank: using vLLM's priority policy")
@@ -122,12 +125,15 @@ class AutellixScheduler(TracedScheduler):
                 and manager.block_pool.hash_block_size == self.block_size)
         self.retention = PrefixRetention(manager, self.block_size, self.host_swap, hold=hold)
         if hold:
-            RetainingKVCacheManager.adopt(manager, self.retention, time.monotonic)
+            RetainingKVCacheManager.adopt(manager, self.retention, self._now)
         if self.feedback is not None:
             self.feedback.publish("hello", {"scheduler": "autellix", "pid": os.getpid(),
                                             "config": self.autellix_config.to_mapping(),
                                             "max_num_seqs": self.max_num_running_reqs})
         log.info("Autellix scheduler: %s", self.autellix_config.to_mapping())
+
+    def _now(self) -> float:
+        return self.clock()
 
     # ---- arrivals and departures ------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -135,7 +141,7 @@ class AutellixScheduler(TracedScheduler):
         if request.request_id not in self.requests:
             params = request.sampling_params
             who = CallIdentity.of(request.request_id, params.extra_args if params else None, request.session_id)
-            now = time.monotonic()
+            now = self.clock()
             request.priority = self.planner.arrive(request.request_id, who, now).rank
             self.retention.arrived(who.program_id, request, now, named=who.named)
         super().add_request(request)
@@ -143,7 +149,7 @@ class AutellixScheduler(TracedScheduler):
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Every way out (stop, length, abort, error) passes here exactly once.
         finished = request.status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
-        now = time.monotonic()
+        now = self.clock()
         who = self.planner.identity(request.request_id)
         if who is not None:  # before vLLM frees its blocks: the program's prefix may be held
             if finished:
@@ -162,7 +168,7 @@ class AutellixScheduler(TracedScheduler):
     # ---- one step -----------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._steps % self.autellix_config.multi_step == 0:
-            self._replan(time.monotonic())
+            self._replan(self.clock())
         output = super().schedule(*args, **kwargs)
         self.planner.started(output.num_scheduled_tokens)
         for new in output.scheduled_new_reqs:  # first admissions: the prefix they found, held or not
@@ -190,7 +196,7 @@ class AutellixScheduler(TracedScheduler):
         super()._preempt_request(request, timestamp, *args, **kwargs)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        self.planner.step_done(time.monotonic())
+        self.planner.step_done(self.clock())
         self._steps += 1
         return super().update_from_output(scheduler_output, model_runner_output)
 

@@ -5,6 +5,7 @@ Nothing here is reachable on the tenants' port. Routes (``autellix.protocol``):
 * ``GET /admin/engines``: the engine pool (URLs, health, load, draining, breaker);
 * ``POST /admin/engines/drain`` and ``/undrain`` ``{"url": ...}``;
 * ``GET /admin/calls?limit=N``: the last calls and their attempts;
+* ``GET /admin/admission``: program admission (admitted and waiting programs, the limits now);
 * ``POST /admin/sessions {"tenant": NAME|null, "parent": ID|null}``: a session
   owned by that tenant (the operator opens an AgentProgram's session for the
   key its Job calls with, holding no tenant key itself), a subagent of the
@@ -31,8 +32,10 @@ from autellix.gateway.bodies import json_answer, read_json
 from autellix.gateway.errors import APIError, GatewayRunner, bad_request, error_response, from_http_exception
 from autellix.gateway.openapi import OPENAPI_PATH, admin_document
 from autellix.gateway.parts import Gateway
+from autellix.gateway.validation import session_fields
 from autellix.gateway.views import engine_label, session_view
 from autellix.protocol import (
+    ADMIN_ADMISSION_PATH,
     ADMIN_CALLS_PATH,
     ADMIN_DRAIN_PATH,
     ADMIN_ENGINES_PATH,
@@ -99,24 +102,25 @@ def _drain_handler(draining: bool) -> Handler:
     return handler
 
 
-def _session_body(body: Any) -> tuple[str | None, str | None]:
-    """``{"tenant": NAME|null, "parent": ID|null}``: the session's tenant and its parent session."""
-    if not isinstance(body, dict) or set(body) - {"tenant", "parent"}:
-        raise bad_request('The body must be {"tenant": "<tenant name>", "parent": "<session id>"} (both optional).',
-                          param="tenant")
-    tenant, parent = body.get("tenant"), body.get("parent")
+def _session_body(body: Any) -> tuple[str | None, str | None, int]:
+    """``{"tenant": NAME|null, "parent": ID|null, "priority": N}``: the session's tenant, its parent session and
+    its priority class (each optional)."""
+    if not isinstance(body, dict) or set(body) - {"tenant", "parent", "priority"}:
+        raise bad_request('The body must be {"tenant": "<tenant name>", "parent": "<session id>", "priority": '
+                          '<integer>} (each optional).', param="tenant")
+    parent, priority = session_fields(body, also=frozenset({"tenant"}))
+    tenant = body.get("tenant")
     if tenant is not None and (not isinstance(tenant, str) or not TENANT_NAME.match(tenant)):
         raise bad_request(f"'tenant' must match {TENANT_NAME.pattern} or be null.", param="tenant")
-    if parent is not None and (not isinstance(parent, str) or not parent):
-        raise bad_request("'parent' must be a session id (a non-empty string) or null.", param="parent")
-    return tenant, parent
+    return tenant, parent, priority
 
 
 async def open_session(request: web.Request) -> web.Response:
     """A session owned by the tenant named in the body (the key its Job calls with), maybe a subagent."""
     gateway = request.app[ADMIN_GATEWAY]
-    tenant, parent = _session_body(await read_json(request) if request.can_read_body else {})
-    entry = await gateway.open_session(tenant, parent)  # the tenant's session bound holds for the operator too
+    tenant, parent, priority = _session_body(await read_json(request) if request.can_read_body else {})
+    # the tenant's session bound holds for the operator too
+    entry = await gateway.open_session(tenant, parent, priority)
     return json_answer({"id": entry.program_id, "object": SESSION_OBJECT, "tenant": tenant, "parent": entry.parent},
                        status=201)
 
@@ -148,6 +152,12 @@ async def end_session(request: web.Request) -> web.Response:
     return json_answer({**view, "deleted": True})
 
 
+async def admission(request: web.Request) -> web.Response:
+    """Program admission: admitted and waiting programs, the limits now, the engines' loads it reads."""
+    gate = request.app[ADMIN_GATEWAY].admission
+    return json_answer({"enabled": gate is not None, **(gate.describe() if gate is not None else {})})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return json_answer(admin_document())
 
@@ -160,7 +170,8 @@ def create_admin_app(gateway: Gateway, keys: KeyRing | None) -> web.Application:
     app.add_routes([web.get(ADMIN_ENGINES_PATH, list_engines), web.post(ADMIN_DRAIN_PATH, _drain_handler(True)),
                     web.post(ADMIN_UNDRAIN_PATH, _drain_handler(False)), web.get(ADMIN_CALLS_PATH, list_calls),
                     web.post(ADMIN_SESSIONS_PATH, open_session), web.get(ADMIN_SESSION_ROUTE, get_session),
-                    web.delete(ADMIN_SESSION_ROUTE, end_session), web.get(OPENAPI_PATH, openapi)])
+                    web.delete(ADMIN_SESSION_ROUTE, end_session), web.get(ADMIN_ADMISSION_PATH, admission),
+                    web.get(OPENAPI_PATH, openapi)])
     return app
 
 

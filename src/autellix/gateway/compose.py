@@ -22,11 +22,13 @@ from aiohttp import web
 
 from autellix.backends import EngineBackend, backend_by_name
 from autellix.control import MemoryProgramStore, ProgramStore, RequestController, RetryPolicy, Sessions
+from autellix.control.admission import ProgramGate
 from autellix.control.keys import ENV_ADMIN_KEYS, ENV_API_KEYS, KeyRing, sources_from
 from autellix.control.limits import TenantLimiter
 from autellix.control.response_records import MemoryResponseRecords, RedisResponseRecords
 from autellix.control.standing import TenantStanding
 from autellix.core import Policy, QueueSpec, balancer_from_config, policy_by_name
+from autellix.core.admission import ProgramAdmission
 from autellix.gateway.admin import AdminListener
 from autellix.gateway.call_path import CallPath, TenantSlots
 from autellix.gateway.config import GatewayConfig
@@ -34,7 +36,7 @@ from autellix.gateway.engine_http import EngineHttp
 from autellix.gateway.engines import EnginePool, StaticDiscovery
 from autellix.gateway.heap import install_heap_trim
 from autellix.gateway.lifecycle import Lifecycle, open_store
-from autellix.gateway.metrics import GatewayMetrics, MetricsObserver
+from autellix.gateway.metrics import AdmissionCollector, GatewayMetrics, MetricsObserver
 from autellix.gateway.parts import Gateway, LocalDrains, NoAdminListener, Service
 from autellix.gateway.routes import create_tenant_app
 from autellix.gateway.service_check import EngineServiceCheck, takeover_metrics
@@ -77,11 +79,14 @@ def build_gateway(config: GatewayConfig, *, store: ProgramStore | None = None, s
     else:
         store = store if store is not None else MemoryProgramStore(policy, idle_ttl=sched.program_idle_ttl)
         responses, drains = MemoryResponseRecords(ttl=config.response_ttl), LocalDrains()
-    sessions = Sessions(store, TenantStanding(config.standing_half_life) if config.standing_half_life else None)
     backend = backend or backend_by_name(config.backend)
     http = EngineHttp(token=config.engine_token or os.environ.get(ENGINE_TOKEN_ENV) or None)
     pool = EnginePool(config.discovery or StaticDiscovery(config.engines), http, poll_interval=config.poll_interval,
                       on_removed=store.drop_engine, backend=backend)
+    gate = ProgramGate(ProgramAdmission(), lambda: pool.engine_loads(config.engine_slots)) \
+        if config.program_admission else None
+    sessions = Sessions(store, TenantStanding(config.standing_half_life) if config.standing_half_life else None,
+                        gate)
     tenant_keys = KeyRing(sources_from([config.api_keys_file] if config.api_keys_file else [], ENV_API_KEYS,
                                        os.environ))
     admin_keys = KeyRing(sources_from([config.admin_keys_file] if config.admin_keys_file else [], ENV_ADMIN_KEYS,
@@ -94,7 +99,10 @@ def build_gateway(config: GatewayConfig, *, store: ProgramStore | None = None, s
         store=store, engines=pool, backend=backend, balancer=balancer_from_config(sched),
         queues=QueueSpec.from_config(sched), policy=policy, send_priority=config.engine_priority,
         retry=RetryPolicy(max_attempts=config.max_attempts, backoff_base=config.retry_backoff),
-        observer=MetricsObserver(metrics), on_program_left=sessions.program_left)
+        observer=MetricsObserver(metrics), on_program_left=sessions.program_left,
+        on_call_done=gate.call_finished if gate is not None else None)
+    if gate is not None:
+        metrics.registry.register(AdmissionCollector(gate))
     store.check_takeovers(EngineServiceCheck(http, pool, backend), takeover_metrics(metrics.registry))
     counter = tokenizer_counter(config.tokenizer) if config.tokenizer else estimate_tokens
     calls = CallPath(config=config, controller=controller, pool=pool, slots=TenantSlots(limiter), backend=backend,
@@ -111,12 +119,13 @@ def build_gateway(config: GatewayConfig, *, store: ProgramStore | None = None, s
         pool,
         *([shared.drains_life(pool)] if shared is not None else []),
         SessionExpiry(store, sessions, limiter),
+        *([gate] if gate is not None else []),
         KeyReload({"tenant": tenant_keys, "admin": admin_keys}, config.keys_reload_interval),
         *([listener] if listener is not None else []),
     ]
     gateway = Gateway(config=config, store=store, sessions=sessions, responses=responses, pool=pool,
                       controller=controller, calls=calls, limiter=limiter, tenant_keys=tenant_keys,
-                      admin_keys=admin_keys, metrics=metrics, drains=drains,
+                      admin_keys=admin_keys, metrics=metrics, drains=drains, admission=gate,
                       admin=listener if listener is not None else NoAdminListener(), services=services)
     return gateway, shared.ping if shared is not None else None
 

@@ -67,6 +67,11 @@ class GatewayConfig:
     discovery: Discovery | None = None
     #: The engines' kind (``autellix.backends.BACKENDS``).
     backend: str = DEFAULT_BACKEND
+    #: Program admission under overload (``autellix.control.admission``): new programs wait while the
+    #: engines are saturated; off: every program starts at once.
+    program_admission: bool = True
+    #: Running slots of each engine (vLLM's ``max_num_seqs``; its metrics do not say): admission's queue bound.
+    engine_slots: int = 256
     #: Seconds a stored Responses API response can be chained from (``previous_response_id``)
     #: through this gateway: where it is stored is remembered this long after it was created.
     response_ttl: float = 86_400.0

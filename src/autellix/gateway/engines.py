@@ -27,6 +27,7 @@ import aiohttp
 
 from autellix.backends import EngineBackend, VllmBackend, parse_metrics
 from autellix.control.breaker import CircuitBreaker, is_failure_status
+from autellix.core.engine_load import EngineLoad
 from autellix.protocol import FEEDBACK_WAIT_PARAM, MODELS_PATH, CallRecord
 
 log = logging.getLogger("autellix.gateway.engines")
@@ -98,6 +99,9 @@ class EngineState:
     hung_until: float = 0.0
     #: Real calls' outcomes (failures and 5xx in a window): open, cooldown, one half-open probe.
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    #: The KV cache: blocks in all and tokens per block (from the engine's metrics, once), the share held.
+    kv_blocks: tuple[int, int] | None = None
+    kv_usage: float = 0.0
 
     @property
     def load(self) -> float:
@@ -154,6 +158,18 @@ class EnginePool:
                     if isinstance(model.get("id"), str):
                         merged.setdefault(model["id"], model)
         return list(merged.values())
+
+    def engine_loads(self, slots: int) -> list[EngineLoad]:
+        """Use and capacity of every healthy engine whose KV cache is known (program admission's view);
+        ``slots``: each engine's running slots (vLLM's ``max_num_seqs``, which its metrics do not say)."""
+        out = []
+        for e in self.engines.values():
+            if e.healthy and e.kv_blocks is not None:
+                blocks, size = e.kv_blocks
+                out.append(EngineLoad(running=round(e.running), waiting=round(e.waiting), slots=slots,
+                                      kv_blocks_used=round(e.kv_usage * blocks), kv_blocks_total=blocks,
+                                      kv_block_size=size))
+        return out
 
     def serves(self, model: str) -> bool:
         return any(model in e.model_ids for e in self.engines.values() if e.healthy)
@@ -295,7 +311,10 @@ class EnginePool:
             if healthy:
                 inflight = engine.inflight
                 async with self.http.get(engine.url + "/metrics", timeout=timeout) as r:
-                    self._read_metrics(engine, parse_metrics(await r.text(), self.backend.pool_metrics), inflight)
+                    text = await r.text()
+                self._read_metrics(engine, parse_metrics(text, self.backend.pool_metrics), inflight)
+                if engine.kv_blocks is None:
+                    engine.kv_blocks = self.backend.kv_blocks(text)
                 if not engine.models or not engine.healthy or self._polls % MODELS_EVERY == 0:
                     # served models change with a redeploy behind the same address
                     async with self.http.get(engine.url + MODELS_PATH, timeout=timeout) as r:
@@ -325,6 +344,7 @@ class EnginePool:
     def _read_metrics(self, engine: EngineState, m: dict[str, float], inflight: int) -> None:
         load = self.backend.load(m)
         engine.running, engine.waiting = load.running, load.waiting
+        engine.kv_usage = self.backend.kv_usage(m) or 0.0
         engine.inflight_at_scrape = inflight
         counters = self.backend.price_counters(m)
         if counters is None:

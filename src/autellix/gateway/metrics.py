@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from autellix.control.admission import ProgramGate
 from autellix.stats import jain_index
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -102,3 +103,20 @@ class MetricsObserver:
         child = self._sources.get(source) or self._sources.setdefault(source, self.m.model_time_source.labels(source))
         child.inc()
         self.m.call_wait.observe(wait)
+
+
+class AdmissionCollector(Collector):
+    """Program admission, read at scrape time: programs admitted and waiting, those held and refused."""
+
+    def __init__(self, gate: ProgramGate) -> None:
+        self.gate = gate
+
+    def collect(self):
+        yield GaugeMetricFamily("autellix_programs_admitted", "Programs admitted (running or between calls)",
+                                value=self.gate.admission.admitted)
+        yield GaugeMetricFamily("autellix_programs_waiting", "New programs waiting for admission",
+                                value=self.gate.admission.waiting)
+        yield CounterMetricFamily("autellix_programs_held", "New programs that waited for admission",
+                                  value=self.gate.held)
+        yield CounterMetricFamily("autellix_programs_refused", "New programs refused (429): the queue full, "
+                                  "or a sheddable class with no room", value=self.gate.refused)

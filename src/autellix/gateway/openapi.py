@@ -40,8 +40,10 @@ SESSION_CREATED = {
     "properties": {"id": {"type": "string"}, "object": {"const": wire.SESSION_OBJECT},
                    "tenant": {"type": ["string", "null"]}, "parent": {"type": ["string", "null"]}},
 }
+PRIORITY_CLASS = {"type": ["integer", "null"], "minimum": -wire.MAX_PRIORITY_CLASS,
+                  "maximum": wire.MAX_PRIORITY_CLASS}
 PARENT_BODY = {"type": "object", "additionalProperties": False,
-               "properties": {"parent": {"type": ["string", "null"], "minLength": 1}}}
+               "properties": {"parent": {"type": ["string", "null"], "minLength": 1}, "priority": PRIORITY_CLASS}}
 SESSION_VIEW = {
     "type": "object", "required": ["object", "service", "waiting", "calls_done", "calls_active"],
     "properties": {"object": {"const": wire.SESSION_OBJECT}, "service": {"type": "number", "minimum": 0},
@@ -91,7 +93,7 @@ URL_BODY = {"type": "object", "required": ["url"], "additionalProperties": False
             "properties": {"url": {"type": "string", "minLength": 1}}}
 TENANT_BODY = {"type": "object", "additionalProperties": False,
                "properties": {"tenant": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"},
-                              "parent": {"type": ["string", "null"], "minLength": 1}}}
+                              "parent": {"type": ["string", "null"], "minLength": 1}, "priority": PRIORITY_CLASS}}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -116,6 +118,8 @@ def _call_route(schema: dict[str, Any], summary: str, *, errors: str = "Error") 
                 "schema": {"type": "string", "minLength": 1, "maxLength": wire.MAX_ID_LENGTH}}
                for name in (wire.SESSION_HEADER, wire.THREAD_HEADER, wire.PARENT_HEADER,
                             *wire.IMPLICIT_SESSION_HEADERS)]
+    headers.append({"name": wire.PRIORITY_HEADER, "in": "header", "required": False,
+                    "schema": {"type": "string", "pattern": r"^-?[0-9]{1,7}$"}})
     return {"post": {"summary": summary, "parameters": headers,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
                      "responses": {"200": {"description": "the engine's answer (JSON, or SSE when streamed)",
@@ -219,6 +223,9 @@ def admin_document() -> dict[str, Any]:
         wire.ADMIN_UNDRAIN_PATH: {"post": {"summary": "back in the pool", "requestBody": {
             "required": True, "content": {"application/json": {"schema": URL_BODY}}},
             "responses": {"200": _json({"type": "object"}, "the engine"), **_errors(400, 401)}}},
+        wire.ADMIN_ADMISSION_PATH: {"get": {"summary": "program admission: admitted and waiting programs, limits",
+                                            "responses": {"200": _json({"type": "object", "required": ["enabled"]},
+                                                                       "admission"), **_errors(401)}}},
         wire.ADMIN_CALLS_PATH: {"get": {"summary": "recent calls and their attempts", "parameters": [
             {"name": "limit", "in": "query", "required": False,
              "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],

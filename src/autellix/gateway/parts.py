@@ -17,6 +17,7 @@ from typing import Protocol
 from aiohttp import web
 
 from autellix.control import ProgramStore, RequestController, Sessions
+from autellix.control.admission import ProgramGate
 from autellix.control.keys import KeyRing
 from autellix.control.limits import TenantLimiter
 from autellix.control.response_records import ResponseRecords
@@ -78,6 +79,8 @@ class Gateway:
     admin_keys: KeyRing
     metrics: GatewayMetrics
     drains: DrainSharing
+    #: Program admission under overload (None: off).
+    admission: ProgramGate | None
     admin: AdminAddress
     services: Sequence[Service]
 
@@ -103,13 +106,14 @@ class Gateway:
     def admin_url(self) -> str | None:
         return self.admin.url
 
-    async def open_session(self, tenant: str | None, parent: str | None) -> ProgramEntry:
+    async def open_session(self, tenant: str | None, parent: str | None, priority: int = 0) -> ProgramEntry:
         """A session of ``tenant`` (a subagent of its session ``parent``, if named): every check first
-        (the parent is the tenant's and live: 404; the tenant's session bound: 429), then the change."""
+        (the parent is the tenant's and live: 404; the tenant's session bound: 429), then admission (a new
+        program may wait while the engines are saturated, or get a 429), then the change."""
         now = time.monotonic()
         parent_id = await self.sessions.parent_of_new_session(parent, tenant)
         self.limiter.check_session(tenant, now)
-        entry = await self.sessions.open(now, tenant, parent=parent_id)
+        entry = await self.sessions.open(now, tenant, parent=parent_id, priority=priority)
         self.limiter.session_opened(tenant, entry.program_id, now)
         return entry
 

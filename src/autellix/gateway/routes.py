@@ -28,7 +28,7 @@ from autellix.gateway.errors import (
 from autellix.gateway.lifecycle import LIFECYCLE_KEY
 from autellix.gateway.openapi import OPENAPI_PATH, tenant_document
 from autellix.gateway.parts import GATEWAY_KEY, Gateway, caller
-from autellix.gateway.validation import parent_field
+from autellix.gateway.validation import session_fields
 from autellix.gateway.views import session_view
 from autellix.protocol import (
     HEALTH_PATH,
@@ -86,10 +86,11 @@ def _tenant_view(gateway: Gateway, program_id: str) -> dict[str, object]:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    """``POST /v1/sessions``, with an optional ``{"parent": ID}``: a subagent of the caller's session ID."""
+    """``POST /v1/sessions``, with an optional ``{"parent": ID}`` (a subagent of the caller's session ID) and
+    ``{"priority": N}`` (its class for admission under overload)."""
     gateway, tenant = caller(request)
-    parent = parent_field(await read_json(request) if request.can_read_body else {})
-    entry = await gateway.open_session(tenant, parent)
+    parent, priority = session_fields(await read_json(request) if request.can_read_body else {})
+    entry = await gateway.open_session(tenant, parent, priority)
     return json_answer({"id": entry.program_id, "object": SESSION_OBJECT, "parent": entry.parent}, status=201)
 
 

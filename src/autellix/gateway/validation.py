@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autellix.control.sessions import priority_class
 from autellix.gateway.errors import bad_request
 
 #: The roles OpenAI's chat API accepts; any other is a 400, as OpenAI answers.
@@ -163,11 +164,14 @@ def _check_bound(body: dict[str, Any], name: str, cap: int) -> None:
         raise bad_request(f"'{name}' must be an integer from 1 to {cap}.", param=name)
 
 
-def parent_field(body: Any) -> str | None:
-    """``POST /v1/sessions``'s body: empty (``{}``) or ``{"parent": "<session id>"}``."""
-    if not isinstance(body, dict) or set(body) - {"parent"}:
-        raise bad_request('The body must be empty or {"parent": "<session id>"}.', param="parent")
+def session_fields(body: Any, *, also: frozenset[str] = frozenset()) -> tuple[str | None, int]:
+    """``POST /v1/sessions``'s body: empty (``{}``), or any of ``{"parent": "<session id>", "priority": N}``
+    (and the fields ``also`` names, which the caller reads): (the parent, the priority class, 0 unless said)."""
+    if not isinstance(body, dict) or set(body) - {"parent", "priority"} - also:
+        raise bad_request('The body must be empty or {"parent": "<session id>", "priority": <integer>} (both '
+                          'optional).', param="parent")
     parent = body.get("parent")
     if parent is not None and (not isinstance(parent, str) or not parent):
         raise bad_request("'parent' must be a session id (a non-empty string) or null.", param="parent")
-    return parent
+    priority = body.get("priority")
+    return parent, 0 if priority is None else priority_class(priority, "priority")

@@ -70,12 +70,15 @@ class GatewayClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise GatewayError(f"{method} {url}: {exc.__class__.__name__}: {exc}") from exc
 
-    async def open_session(self, gateway: str, tenant: str | None = None) -> str:
-        """A new session owned by ``tenant`` (through the admin listener), else by this client's key."""
+    async def open_session(self, gateway: str, tenant: str | None = None, priority: int = 0) -> str:
+        """A new session owned by ``tenant`` (through the admin listener), else by this client's key, with its
+        priority class for admission under overload (sent only when not the default class, 0)."""
+        fields = {"priority": priority} if priority else {}
         if (admin := self.admin_of(gateway)) is not None:
-            payload = await self._call("POST", f"{admin}{ADMIN_SESSIONS_PATH}", {"tenant": tenant}, admin=True)
+            payload = await self._call("POST", f"{admin}{ADMIN_SESSIONS_PATH}", {"tenant": tenant, **fields},
+                                       admin=True)
         else:
-            payload = await self._call("POST", f"{gateway}{SESSIONS_PATH}")
+            payload = await self._call("POST", f"{gateway}{SESSIONS_PATH}", fields or None)
         return str(payload["id"])
 
     def _session_url(self, gateway: str, session_id: str) -> tuple[str, bool]:

@@ -333,7 +333,7 @@ async def start_program(ctx: Context, program: dict[str, Any], memo: kopf.Memo) 
     session = status.get("sessionId") or memo.get("session_id")
     if not session:
         try:
-            session = await ctx.gateway.open_session(gateway, spec.tenant)
+            session = await ctx.gateway.open_session(gateway, spec.tenant, spec.priority)
         except GatewayError as exc:
             raise kopf.TemporaryError(f"cannot open a session in the gateway: {exc}") from exc
     memo.session_id = session  # survives a failed Job creation: the retry reuses the session

@@ -152,6 +152,8 @@ class ProgramSpec:
     #: Whose session the operator opens (on the gateway's admin listener): ``spec.tenant``, else the
     #: data key of ``apiKeySecret``, the convention of the gateway's keys Secret (data key = tenant).
     tenant: str | None = None
+    #: Its priority class for admission under overload (higher first; below zero sheddable).
+    priority: int = 0
     resources: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PROGRAM_RESOURCES))
     service_account: str | None = None
     #: A program talks to the gateway, not to Kubernetes: no API token unless asked for.
@@ -381,6 +383,7 @@ def parse_program(spec: Mapping[str, Any]) -> ProgramSpec:
         ttl_seconds=ttl,
         api_key_secret=key_ref,
         tenant=tenant,
+        priority=_get(spec, "priority", int, "spec.", 0),
         resources=dict(DEFAULT_PROGRAM_RESOURCES) if resources is None else
         {k: {n: str(v) for n, v in (resources[k] or {}).items()} for k in resources},
         service_account=_get(spec, "serviceAccountName", str, "spec.", None) or None,

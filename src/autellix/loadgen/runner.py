@@ -41,9 +41,15 @@ class HttpLLM:
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, stat: ProgramStat, calls: list[CallStat],
                  session: str | None, *, stream: bool = True, client_priority: bool = False,
-                 reply_tokens: Sequence[int] | None = None, fairness_id: str | None = None) -> None:
+                 reply_tokens: Sequence[int] | None = None, fairness_id: str | None = None,
+                 parent: HttpLLM | None = None) -> None:
         self._client, self._model, self._stat, self._calls = client, model, stat, calls
         self._session = session
+        #: A subagent's LLM: the program that spawned it; its session opens with its first call.
+        self._parent = parent
+        self._opening: asyncio.Lock | None = asyncio.Lock() if parent is not None else None
+        #: Subagents' sessions opened under this one (ended with the program).
+        self.subagent_sessions: list[str] = []
         self._fairness_id = fairness_id
         self._stream = stream
         self._client_priority = client_priority
@@ -58,7 +64,28 @@ class HttpLLM:
             body["priority"] = client_priority(self._stat.tokens)
         return body
 
+    def subagent(self, name: str) -> HttpLLM:
+        """A subagent's LLM: with sessions, its own session opened as a subagent of this one (``{"parent":
+        ...}``) at its first call; without (bare engines, llm-d's flow control), this program's calls."""
+        return HttpLLM(self._client, self._model, self._stat, self._calls, None, stream=self._stream,
+                       client_priority=self._client_priority, reply_tokens=self._reply_tokens,
+                       fairness_id=self._fairness_id, parent=self)
+
+    async def _open_subagent(self) -> None:
+        parent = self._parent
+        assert parent is not None and self._opening is not None
+        async with self._opening:
+            if self._session is None and parent._session is not None:
+                self._session = (await self._client.post("/sessions", body={"parent": parent._session},
+                                                         cast_to=object))["id"]  # type: ignore[index]
+                root = parent
+                while root._parent is not None:
+                    root = root._parent
+                root.subagent_sessions.append(self._session)
+
     async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str:
+        if self._parent is not None and self._session is None and self._parent._session is not None:
+            await self._open_subagent()
         headers = {}
         if self._session is not None:
             headers[SESSION_HEADER] = self._session
@@ -181,19 +208,22 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
         stat = ProgramStat(program.program_id, program.workload, time.monotonic())
         stats.append(stat)
         session = None
+        llm: HttpLLM | None = None
         try:
             if sessions:
                 session = (await client.post("/sessions", cast_to=object))["id"]  # type: ignore[index]
-            await program.run(HttpLLM(client, model, stat, calls, session, stream=stream,
-                                      client_priority=client_priority, reply_tokens=reply_tokens,
-                                      fairness_id=program.program_id if fairness_header else None))
+            llm = HttpLLM(client, model, stat, calls, session, stream=stream, client_priority=client_priority,
+                          reply_tokens=reply_tokens, fairness_id=program.program_id if fairness_header else None)
+            await program.run(llm)
         except Exception as exc:  # recorded, not raised: one failed program must not stop the run
             stat.error = f"{type(exc).__name__}: {exc}"
         finally:
             stat.finish = time.monotonic()
             if session is not None:
-                with contextlib.suppress(openai.APIError):
-                    await client.delete(f"/sessions/{session}", cast_to=object)
+                subagents = llm.subagent_sessions if llm is not None else []
+                for ended in [*subagents[::-1], session]:  # subagents first, then their root
+                    with contextlib.suppress(openai.APIError):
+                        await client.delete(f"/sessions/{ended}", cast_to=object)
             if on_done is not None:
                 on_done(stat)
 

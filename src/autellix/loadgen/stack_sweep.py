@@ -154,9 +154,11 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path, isolate
             target = engine.url
             if system.policy is not None:
                 tokenizer = build_tiny_model(default_model_dir()) / "tokenizer.json"
+                admission = ["--engine-slots", str(settings.max_num_seqs)] if system.admission else [
+                    "--no-program-admission"]
                 target = stack.enter_context(gateway_process(
-                    [engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer), env=config.to_env(),
-                    log_path=log_dir / f"gateway-{system.name}.log"))
+                    [engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer), *admission,
+                    env=config.to_env(), log_path=log_dir / f"gateway-{system.name}.log"))
             elif system.flow_control:  # llm-d's flow control in front of the stock engine
                 port = free_port()
                 target = stack.enter_context(autellix_process(

@@ -593,17 +593,37 @@ class EngineModel:
     # ---- one step ------------------------------------------------------------------
     def step(self, now: float) -> StepResult:
         """Plan one batch at ``now`` and apply its outcome, which the caller sees
-        ``.seconds`` later (tokens, first tokens, finished requests)."""
+        ``.seconds`` later (tokens, first tokens, finished requests). The phases, as
+        vLLM's scheduler runs them: the planner's re-plan, the running requests,
+        the waiting ones, the batch's price, its outcome."""
         self._clock = max(self._clock, now)
         # Calls the planner preempts go before vLLM's schedule() runs (as in the
         # plugin), so unlike preemptions for KV they do not stop admissions this step.
         replanned: list[_Seq] = []
         if self.planner is not None and self._steps % self.config.multi_step == 0:
             replanned = self._replan(now)
-        preempted: list[_Seq] = []
-        budget = self.token_budget
         scheduled: dict[str, tuple[_Seq, int]] = {}
-        # running requests first, in order (rank order under the priority schedulers)
+        budget, preempted = self._schedule_running(scheduled, self.token_budget)
+        admitted = cached_now = 0
+        if not preempted:
+            budget, admitted, cached_now = self._schedule_waiting(scheduled, budget, now)
+        if self.planner is not None:
+            self.planner.started(scheduled)
+        seconds, prefill, decode, kv = self._price(scheduled, admitted)
+        end = now + seconds
+        tokens, first, finished, done = self._advance(scheduled, seconds, end)
+        if self.planner is not None:
+            self.planner.step_done(end)
+        outcomes = self._retire(done, end)
+        return StepResult(seconds=seconds, tokens=tokens, first_token=first, finished=finished,
+                          preempted=[s.req.request_id for s in replanned + preempted], prefill_tokens=prefill,
+                          decode_seqs=decode, cached_tokens=cached_now, kv_tokens=kv, new_requests=admitted,
+                          outcomes=outcomes)
+
+    def _schedule_running(self, scheduled: dict[str, tuple[_Seq, int]], budget: int) -> tuple[int, list[_Seq]]:
+        """Running requests first, in order (rank order under the priority schedulers), each its next tokens
+        within ``budget``; requests preempted to free KV blocks for them. The budget left and those preempted."""
+        preempted: list[_Seq] = []
         index = 0
         bs = self.profile.block_size
         while index < len(self._running) and budget > 0:
@@ -629,40 +649,47 @@ class EngineModel:
             index += 1
             if n > 1:  # a prefill chunk: its blocks are shareable from now
                 self._register_full_blocks(seq, seq.computed + n)
-        cached_now = 0
-        admitted = 0
-        if not preempted:
-            while self._waiting and budget > 0 and len(self._running) < self.profile.max_num_seqs:
-                seq = self._waiting[0][1]
-                fresh = seq.computed == 0
-                hits = self._prefix_hits(seq) if fresh else []
-                restore = self._restorable(seq, len(hits)) if fresh else 0
-                n = seq.num_tokens - seq.computed - (len(hits) + restore) * bs
-                if not self.chunked_prefill and n > budget:
-                    break
-                n = min(n, budget)
-                if not self._allocate(seq, n, hits, restore):
-                    break
-                heapq.heappop(self._waiting)
-                self.queried_tokens += seq.num_tokens
-                self.hit_tokens += len(hits) * bs
-                cached_now += (len(hits) + restore) * bs
-                seq.cached += (len(hits) + restore) * bs
-                if fresh:
-                    self._admitted(seq, len(hits), restore)
-                seq.running = True
-                if seq.first_scheduled is None:
-                    seq.first_scheduled = now
-                self._running.append(seq)
-                admitted += 1
-                scheduled[seq.req.request_id] = (seq, n)
-                budget -= n
-                self._register_full_blocks(seq, seq.computed + n)
-        if self.planner is not None:
-            self.planner.started(scheduled)
+        return budget, preempted
+
+    def _schedule_waiting(self, scheduled: dict[str, tuple[_Seq, int]], budget: int,
+                          now: float) -> tuple[int, int, int]:
+        """Waiting requests admitted while the budget, the slots and the KV blocks allow, their prefix hits
+        and restored blocks counted. The budget left, how many were admitted, the tokens found cached."""
+        bs = self.profile.block_size
+        cached_now = admitted = 0
+        while self._waiting and budget > 0 and len(self._running) < self.profile.max_num_seqs:
+            seq = self._waiting[0][1]
+            fresh = seq.computed == 0
+            hits = self._prefix_hits(seq) if fresh else []
+            restore = self._restorable(seq, len(hits)) if fresh else 0
+            n = seq.num_tokens - seq.computed - (len(hits) + restore) * bs
+            if not self.chunked_prefill and n > budget:
+                break
+            n = min(n, budget)
+            if not self._allocate(seq, n, hits, restore):
+                break
+            heapq.heappop(self._waiting)
+            self.queried_tokens += seq.num_tokens
+            self.hit_tokens += len(hits) * bs
+            cached_now += (len(hits) + restore) * bs
+            seq.cached += (len(hits) + restore) * bs
+            if fresh:
+                self._admitted(seq, len(hits), restore)
+            seq.running = True
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+            self._running.append(seq)
+            admitted += 1
+            scheduled[seq.req.request_id] = (seq, n)
+            budget -= n
+            self._register_full_blocks(seq, seq.computed + n)
+        return budget, admitted, cached_now
+
+    def _price(self, scheduled: dict[str, tuple[_Seq, int]], admitted: int) -> tuple[float, int, int, int]:
+        """The batch's cost in seconds (the profile's, plus KV moved this step), and its prefill tokens,
+        decoding requests and KV tokens read; the engine's clock and counters advance by it."""
         swap_seconds, self._swap_seconds = self._swap_seconds, 0.0
         self.swap_seconds += swap_seconds
-        # the batch's cost
         prefill = decode = kv = 0
         for seq, n in scheduled.values():
             if n == 1 and seq.num_output > 0 and seq.computed == seq.num_tokens - 1:
@@ -671,14 +698,19 @@ class EngineModel:
                 prefill += n
             kv += seq.computed + n
         seconds = self.profile.step_seconds(prefill, decode, kv, admitted) + swap_seconds
-        end = now + seconds
-        self._clock = end
         self._steps += 1
         self.busy_seconds += seconds
         self.prefill_tokens += prefill
         self.decode_seq_steps += decode
         self.admitted += admitted
-        # its outcome
+        return seconds, prefill, decode, kv
+
+    def _advance(self, scheduled: dict[str, tuple[_Seq, int]], seconds: float,
+                 end: float) -> tuple[dict[str, int], list[str], list[str], list[_Seq]]:
+        """The batch's outcome at ``end``: tokens computed and generated per request, first tokens, the
+        requests that finished (by id, and themselves)."""
+        self._clock = end
+        bs = self.profile.block_size
         tokens: dict[str, int] = {}
         first: list[str] = []
         finished: list[str] = []
@@ -706,13 +738,7 @@ class EngineModel:
             else:
                 tokens[rid] = 0
         self.generated_tokens += produced
-        if self.planner is not None:
-            self.planner.step_done(end)
-        outcomes = self._retire(done, end)
-        return StepResult(seconds=seconds, tokens=tokens, first_token=first, finished=finished,
-                          preempted=[s.req.request_id for s in replanned + preempted], prefill_tokens=prefill,
-                          decode_seqs=decode, cached_tokens=cached_now, kv_tokens=kv, new_requests=admitted,
-                          outcomes=outcomes)
+        return tokens, first, finished, done
 
     def _retire(self, done: list[_Seq], end: float) -> dict[str, RequestOutcome]:
         """Finished requests leave the batch; their outcomes, by id."""

@@ -204,8 +204,12 @@ SIM_MODEL = "sim"
 class SimGateway:
     """The gateway's request controller (``autellix.control``) on the virtual clock, against the engine models."""
 
-    def __init__(self, system: System, config: SchedulerConfig, engines: dict[str, _Engine]) -> None:
+    def __init__(self, system: System, config: SchedulerConfig, engines: dict[str, _Engine], *,
+                 link_subagents: bool = True) -> None:
         self.system = system
+        #: Open a program's subagents as its subagents (the gateway ranks the tree as one); off: as programs
+        #: of their own, as a gateway that does not know them would.
+        self.link_subagents = link_subagents
         self.policy = policy_by_name(system.policy or "fcfs")
         self.store = MemoryProgramStore(self.policy)
         #: The process table behind the store (``experiments/session_cycling.py`` wraps its start and end).
@@ -276,14 +280,39 @@ class SimGateway:
 
 
 class SimLLM:
-    """The ``LLM`` one program talks to, in simulated time."""
+    """The ``LLM`` one program talks to, in simulated time; a subagent's (``subagent``) calls belong to a
+    program of its own, opened at its first call, a subagent of its spawner's when the gateway links them
+    (``SimGateway.link_subagents``), counted in the program's results."""
 
-    def __init__(self, gateway: SimGateway, stat: ProgramStat, calls: list[CallStat]) -> None:
+    def __init__(self, gateway: SimGateway, stat: ProgramStat, calls: list[CallStat], *,
+                 program_id: str | None = None, parent: SimLLM | None = None) -> None:
         self._gateway, self._stat, self._calls = gateway, stat, calls
+        self.program_id = program_id or stat.program_id
+        self._parent = parent
+        self._opened = parent is None  # the program itself is opened by the run
+        #: Subagents' programs opened under this program, for its end.
+        self.subagents: list[str] = []
         self._inflight = 0
         self._replies = itertools.count()
 
+    def subagent(self, name: str) -> SimLLM:
+        return SimLLM(self._gateway, self._stat, self._calls, program_id=f"{self.program_id}/{name}", parent=self)
+
+    async def _open(self) -> None:
+        parent = self._parent
+        assert parent is not None
+        self._opened = True
+        now = asyncio.get_running_loop().time()
+        await self._gateway.store.open(self.program_id, now,
+                                       parent=parent.program_id if self._gateway.link_subagents else None)
+        root = parent
+        while root._parent is not None:
+            root = root._parent
+        root.subagents.append(self.program_id)
+
     async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str:
+        if not self._opened:
+            await self._open()
         loop = asyncio.get_running_loop()
         call = CallStat(self._stat.program_id, thread, loop.time())
         self._calls.append(call)
@@ -294,10 +323,10 @@ class SimLLM:
         # The engine is told these tokens, as vLLM knows the tokens it generated: full
         # blocks of them stay in the prefix cache, so a preempted call recomputes only
         # what the cache lost, as in vLLM V1.
-        tag = f"[{self._stat.program_id}:{next(self._replies)}]"
+        tag = f"[{self.program_id}:{next(self._replies)}]"
         reply = (tag * (max_tokens // len(tag) + 1))[:max_tokens]
         try:
-            outcome = await self._gateway.call(self._stat.program_id, thread, render(messages), max_tokens, call,
+            outcome = await self._gateway.call(self.program_id, thread, render(messages), max_tokens, call,
                                                output=reply.encode(), generated=self._stat.tokens)
         finally:
             self._inflight -= 1
@@ -312,9 +341,11 @@ class SimLLM:
 
 
 def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System | str,
-                      rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None) -> SimRun:
+                      rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None,
+                      link_subagents: bool = True) -> SimRun:
     """Run ``programs`` with Poisson arrivals at ``rate`` against ``engines``
-    modelled engines of ``profile`` serving ``system``; deterministic in ``seed``."""
+    modelled engines of ``profile`` serving ``system``; deterministic in ``seed``. ``link_subagents``: the
+    programs' subagents are opened as such (off: as unrelated programs)."""
     if isinstance(system, str):
         if system not in SYSTEMS:
             raise ValueError(f"unknown system {system!r}; expected one of {', '.join(SYSTEMS)}")
@@ -334,7 +365,7 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
         pool = {f"engine-{i}": _Engine(f"engine-{i}", EngineModel(
             profile, scheduler=system.engine_scheduler, config=config, prefix_caching=system.prefix_caching,
             chunked_prefill=system.chunked_prefill), loop) for i in range(engines)}
-        gateway = SimGateway(system, config, pool)
+        gateway = SimGateway(system, config, pool, link_subagents=link_subagents)
         holder["pool"], holder["gateway"] = pool, gateway
 
         async def one(program: AgentProgram) -> None:
@@ -343,12 +374,15 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
             if gateway.admission is not None:  # its time waiting to be admitted counts in its latency
                 await gateway.admission.enter(program.program_id)
             await gateway.store.open(program.program_id, loop.time())
+            llm = SimLLM(gateway, stat, calls)
             try:
-                await program.run(SimLLM(gateway, stat, calls))
+                await program.run(llm)
             except ValueError as exc:  # the engine refused a call (as a 400 would): this program fails
                 stat.error = f"{type(exc).__name__}: {exc}"
             finally:
                 stat.finish = loop.time()
+                for subagent in llm.subagents[::-1]:  # subagents first, then their root
+                    await gateway.store.end(subagent, remember=False)
                 await gateway.store.end(program.program_id, remember=False)
                 if gateway.admission is not None:
                     gateway.admission.leave(program.program_id)

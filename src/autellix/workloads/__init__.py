@@ -29,7 +29,6 @@ from autellix.workloads.base import (
     fit_messages,
 )
 from autellix.workloads.data import workloads_dir
-from autellix.workloads.mixed import MIXED_KINDS
 
 #: ``build(indices, seed, calibration, data root)``: programs ``indices`` of one workload.
 Builder = Callable[[Sequence[int], int, str, Path], list[AgentProgram]]
@@ -40,6 +39,7 @@ BUILDERS: dict[str, Builder] = {
     "bfcl": bfcl.build,
     "lats": lats.build,
     "fanout": fanout.build,
+    "fanout-subagents": fanout.build_with_subagents,
     "multiagent": fanout.build_multiagent,
     tool_pause.WORKLOAD: tool_pause.build,
 }
@@ -58,9 +58,10 @@ def make_programs(
     shared prompt; ``fanout.FANOUT_MULTIAGENT_SHARE`` of them) among short chats.
     "mixed" is an equal share of sharegpt, bfcl, lats and multi-agent programs
     (``mixed.build``). "tool-pause" is BFCL programs that wait for log-normal
-    tool latencies over long shared tool docs (``tool_pause``).
+    tool latencies over long shared tool docs (``tool_pause``). "fanout-subagents"
+    is "fanout" with each multi-agent program's agents written as subagents.
     """
-    if workload not in WORKLOADS and workload not in MIXED_KINDS:
+    if workload not in BUILDERS and workload != "mixed":
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     if calibration not in CALIBRATIONS:
         raise ValueError(f"unknown calibration {calibration!r}; choose one of {', '.join(CALIBRATIONS)}")

@@ -59,6 +59,12 @@ PAPER_STATS: dict[str, WorkloadStats] = {
 class LLM(Protocol):
     async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, thread: str | None = None) -> str: ...
 
+    def subagent(self, name: str) -> LLM:
+        """The LLM of a subagent this program spawns, named ``name`` within it: its calls belong to a program
+        of its own, linked to this one as its parent (a gateway ranks the two as one). Its tokens count in
+        this program's."""
+        ...
+
     async def tool(self, seconds: float) -> None:
         """A simulated tool call: ``seconds`` spent outside the engine."""
         ...

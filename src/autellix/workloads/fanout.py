@@ -56,11 +56,14 @@ def _long_text(rng: random.Random, convs: Sequence[ShareGPTConversation], size: 
     return clip_head(out, size)
 
 
-def multiagent_program(program_id: str, rng: random.Random, convs: Sequence[ShareGPTConversation]) -> AgentProgram:
+def multiagent_program(program_id: str, rng: random.Random, convs: Sequence[ShareGPTConversation], *,
+                       subagents: bool = False) -> AgentProgram:
     """A multi-agent debate: each round, ``k`` agents answer in parallel over one
     long shared document (the same prefix), then the next round shows every agent
     a digest of the last round's answers. Its critical path is one call a round;
-    its engine use is ``k`` calls a round."""
+    its engine use is ``k`` calls a round. With ``subagents`` each agent is a
+    subagent the program spawns (``LLM.subagent``) rather than a thread of its
+    own calls: the same calls, made by programs linked to it."""
     rounds = rng.randint(*FANOUT_ROUNDS)
     agents = rng.randint(*FANOUT_AGENTS)
     document = _long_text(rng, convs, rng.randint(*FANOUT_SHARED_BYTES))
@@ -70,12 +73,13 @@ def multiagent_program(program_id: str, rng: random.Random, convs: Sequence[Shar
 
     async def run(llm: LLM) -> None:
         digest = ""
+        members = [llm.subagent(f"agent{i}") for i in range(agents)] if subagents else [llm] * agents
         for r, tokens in enumerate(plan):
             async def agent(i: int, max_tokens: int, r: int = r, digest: str = digest) -> str:
                 task = (f"Round {r + 1}. " + (f"The other agents said:\n{digest}\n" if digest else "")
                         + f"You are agent {i + 1}: give your position.")
                 messages = fit_messages([{"role": "system", "content": system}, user_message(task)], max_tokens)
-                return await llm.chat(messages, max_tokens=max_tokens, thread=f"agent{i}")
+                return await members[i].chat(messages, max_tokens=max_tokens, thread=f"agent{i}")
 
             replies = await asyncio.gather(*(agent(i, n) for i, n in enumerate(tokens)))
             digest = clip_tail("\n".join(replies), FANOUT_DIGEST_BYTES)
@@ -92,14 +96,16 @@ def chat_program(program_id: str, rng: random.Random, convs: Sequence[ShareGPTCo
     return chat("chat", program_id, plan)
 
 
-def build(indices: Sequence[int], seed: int, calibration: str, root: Path) -> list[AgentProgram]:
-    """Multi-agent programs among short chats, each program's kind drawn (``calibration`` does not apply)."""
+def build(indices: Sequence[int], seed: int, calibration: str, root: Path, *,
+          subagents: bool = False) -> list[AgentProgram]:
+    """Multi-agent programs among short chats, each program's kind drawn (``calibration`` does not apply);
+    ``subagents``: the multi-agent programs' agents are subagents (the same programs otherwise)."""
     convs = load_sharegpt(root)
     out: list[AgentProgram] = []
     for i in indices:
         _, rng = program_rng(seed, "fanout", i)
         if rng.random() < FANOUT_MULTIAGENT_SHARE:
-            out.append(multiagent_program(f"fanout-{seed}-{i}", rng, convs))
+            out.append(multiagent_program(f"fanout-{seed}-{i}", rng, convs, subagents=subagents))
         else:
             out.append(chat_program(f"chat-{seed}-{i}", rng, convs))
     return out
@@ -110,3 +116,8 @@ def build_multiagent(indices: Sequence[int], seed: int, calibration: str, root: 
     convs = load_sharegpt(root)
     return [multiagent_program(f"multiagent-{seed}-{i}", program_rng(seed, "multiagent", i)[1], convs)
             for i in indices]
+
+
+def build_with_subagents(indices: Sequence[int], seed: int, calibration: str, root: Path) -> list[AgentProgram]:
+    """``fanout`` written as subagents: each multi-agent program's agents are subagents it spawns."""
+    return build(indices, seed, calibration, root, subagents=True)
