@@ -139,3 +139,13 @@ def test_an_engine_load_must_make_sense() -> None:
         EngineLoad(running=0, waiting=-1, slots=1, kv_blocks_used=0, kv_blocks_total=10)
     load = EngineLoad(running=3, waiting=0, slots=4, kv_blocks_used=5, kv_blocks_total=10)
     assert load.kv_usage == 0.5 and load.free_slots == 1
+
+
+def test_a_long_stream_of_one_call_programs_keeps_only_the_rate_window() -> None:
+    admission = ProgramAdmission(AdmissionParams(rate_window=60.0))
+    for second in range(10_000):  # one program a second, each gone at once, for nearly three hours
+        admission.arrive(f"call-{second}", float(second), ENGINE)
+        admission.leave(f"call-{second}", float(second))
+    # the admission rate is the last minute's (one a second), and memory is that minute's, not the run's
+    assert admission.retry_after(10_000.0, 9) == pytest.approx(10.0, rel=0.05)
+    assert len(admission._recent) <= 61 and admission.admitted == 0

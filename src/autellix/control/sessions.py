@@ -80,6 +80,10 @@ def session_not_found(program_id: str, ended: bool, *, param: str | None = None)
     return APIError(404, f"Session {program_id!r} {state}.", code="session_not_found", param=param)
 
 
+#: Every header that can name a call's program (rules 1-3).
+NAMING_HEADERS = (SESSION_HEADER, CLAUDE_CODE_SESSION_HEADER, *IMPLICIT_SESSION_HEADERS)
+
+
 class Sessions:
     """Session rules over a ``ProgramStore``; ``owner`` is the caller's identity (None: auth off)."""
 
@@ -169,6 +173,8 @@ class Sessions:
 
     async def named(self, headers: Mapping[str, str], owner: str | None, now: float) -> CallOwner | None:
         """The program the call's headers name (rules 1-3), opened if implicit and new; None: none named."""
+        if not any(map(headers.__contains__, NAMING_HEADERS)):  # most keyless calls: one pass, no parsing
+            return None
         thread = header_id(headers, THREAD_HEADER)
         explicit = header_id(headers, SESSION_HEADER)
         if explicit is not None:

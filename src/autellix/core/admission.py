@@ -207,6 +207,11 @@ class ProgramAdmission:
         self._admitted.add(program_id)
         self._admitted_at[program_id] = now
         self._recent.append(now)
+        self._forget_admissions_before(now - self.params.rate_window)
+
+    def _forget_admissions_before(self, since: float) -> None:
+        while self._recent and self._recent[0] < since:
+            self._recent.popleft()
 
     def context(self, program_id: str, tokens: int) -> None:
         """An admitted program's call finished with this many tokens of context
@@ -238,8 +243,7 @@ class ProgramAdmission:
         """Seconds until ``ahead`` waiting programs and this one would have been
         admitted at the recent admission rate, within the configured bounds."""
         window = self.params.rate_window
-        while self._recent and self._recent[0] < now - window:
-            self._recent.popleft()
+        self._forget_admissions_before(now - window)
         if not self._recent:
             return self.params.max_retry_after
         rate = len(self._recent) / window

@@ -76,8 +76,7 @@ class HttpLLM:
         assert parent is not None and self._opening is not None
         async with self._opening:
             if self._session is None and parent._session is not None:
-                self._session = (await self._client.post("/sessions", body={"parent": parent._session},
-                                                         cast_to=object))["id"]  # type: ignore[index]
+                self._session = await open_session(self._client, self._stat, {"parent": parent._session})
                 root = parent
                 while root._parent is not None:
                     root = root._parent
@@ -183,6 +182,32 @@ async def engine_counters(engines: Sequence[str]) -> dict[str, float]:
     return totals
 
 
+#: A refused session is tried again after its Retry-After, at most this many times (then the program fails).
+MAX_REFUSED_OPENS = 60
+
+
+async def open_session(client: openai.AsyncOpenAI, stat: ProgramStat, body: dict[str, Any] | None = None) -> str:
+    """``POST /v1/sessions``. Under overload the gateway refuses new programs past its queue (429 with
+    ``Retry-After``): the program waits that long and asks again, as a client SDK retries a 429, and its
+    latency counts from its arrival (``stat.refused`` counts the refusals)."""
+    while True:
+        try:
+            return str((await client.post("/sessions", body=body, cast_to=object))["id"])  # type: ignore[index]
+        except openai.RateLimitError as exc:
+            stat.refused += 1
+            if stat.refused > MAX_REFUSED_OPENS:
+                raise
+            await asyncio.sleep(retry_after_s(exc.response.headers.get("Retry-After")))
+
+
+def retry_after_s(header: str | None) -> float:
+    """A ``Retry-After`` in seconds (1 s when absent or not a number of seconds)."""
+    try:
+        return max(0.0, float(header)) if header is not None else 1.0
+    except ValueError:
+        return 1.0
+
+
 async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
                        engines: Sequence[str] = (), sessions: bool | None = None, stream: bool = True,
                        client_priority: bool = False, reply_tokens: Sequence[int] | None = None,
@@ -211,7 +236,7 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
         llm: HttpLLM | None = None
         try:
             if sessions:
-                session = (await client.post("/sessions", cast_to=object))["id"]  # type: ignore[index]
+                session = await open_session(client, stat)
             llm = HttpLLM(client, model, stat, calls, session, stream=stream, client_priority=client_priority,
                           reply_tokens=reply_tokens, fairness_id=program.program_id if fairness_header else None)
             await program.run(llm)

@@ -53,6 +53,8 @@ class ProgramStat:
     tokens: int = 0
     calls: int = 0
     max_parallel: int = 0
+    #: Times its session was refused (429: no room for a new program) before it opened.
+    refused: int = 0
     error: str | None = None
 
     @property
@@ -89,7 +91,7 @@ def per_program(result: RunResult) -> list[dict[str, Any]]:
     run's mean and its tail (a report's rounds can then be set program by
     program beside each other, or beside the simulator's)."""
     return [{"program": p.program_id, "workload": p.workload, "token_latency": p.token_latency, "tokens": p.tokens,
-             "calls": p.calls, "seconds": p.finish - p.arrival, "error": p.error}
+             "calls": p.calls, "seconds": p.finish - p.arrival, "refused": p.refused, "error": p.error}
             for p in sorted(result.programs, key=lambda p: p.arrival)]
 
 
@@ -108,6 +110,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "completed": len(done),
         "failed": len(result.programs) - len(done),
         "errors": sorted({p.error for p in result.programs if p.error})[:5],
+        "refused_opens": sum(p.refused for p in result.programs),
         "calls": len(calls),
         "mean_token_latency": mean(latencies),
         "mean_program_seconds": mean([p.finish - p.arrival for p in done]),
