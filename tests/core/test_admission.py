@@ -95,6 +95,19 @@ def test_a_full_queue_refuses_with_a_retry_after_from_the_admission_rate() -> No
     assert quiet.retry_after(100.0, 5) == 30.0  # no admission seen: the longest wait
 
 
+def test_a_refused_program_is_told_to_come_back_within_the_longest_hold() -> None:
+    admission = _with_working_set(1600, AdmissionParams(kv_limit=1.0, queue_per_slot=0.25))  # one runs, one waits
+    admission.arrive("a", 0.0, ENGINE)
+    admission.leave("a", 20.0)  # lives: 20 s, so none waits longer than 10 s
+    admission.arrive("running", 20.0, ENGINE)
+    assert admission.arrive("waiting", 20.0, ENGINE).verdict is Verdict.WAIT
+    refused = admission.arrive("late", 21.0, ENGINE)
+    # three admissions in the last minute: the one waiting and this one would take 40 s at that rate,
+    # but in 10 s the one waiting is in, room or not, and the queue has a place again
+    assert refused.verdict is Verdict.REFUSE and refused.retry_after == pytest.approx(10.0)
+    assert admission.retry_after(21.0, 0) == pytest.approx(10.0)
+
+
 def test_higher_classes_go_first_and_sheddable_programs_are_refused_rather_than_queued() -> None:
     admission = _with_working_set(1600)
     admission.arrive("running", 0.0, ENGINE)
@@ -145,7 +158,7 @@ def test_a_long_stream_of_one_call_programs_keeps_only_the_rate_window() -> None
     admission = ProgramAdmission(AdmissionParams(rate_window=60.0))
     for second in range(10_000):  # one program a second, each gone at once, for nearly three hours
         admission.arrive(f"call-{second}", float(second), ENGINE)
-        admission.leave(f"call-{second}", float(second))
+        admission.leave(f"call-{second}")
     # the admission rate is the last minute's (one a second), and memory is that minute's, not the run's
     assert admission.retry_after(10_000.0, 9) == pytest.approx(10.0, rel=0.05)
     assert len(admission._recent) <= 61 and admission.admitted == 0

@@ -24,13 +24,13 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from autellix.backends.base import CallOutcome, EngineBackend
+from autellix.control.ids import UniqueIds
 from autellix.control.sessions import CallOwner
 from autellix.control.store import ProgramStore
 from autellix.core import Balancer, NoEngine, Policy, QueueSpec
@@ -227,7 +227,7 @@ class RequestController:
         self.clock, self.sleep = clock, sleep
         self.observer: ControllerObserver = observer or NullObserver()
         self.rng = rng or random.Random()
-        self.call_ids = call_ids or (lambda: uuid.uuid4().hex)
+        self.call_ids = call_ids or UniqueIds()
         self.recent: deque[CallLog] = deque(maxlen=RECENT_CALLS)
         #: A one-call program left the table (its tenant's standing counts its service).
         self.on_program_left = on_program_left

@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from autellix.control.admission import ProgramGate
+from autellix.control.ids import UniqueIds
 from autellix.control.response_records import StoredResponse
 from autellix.control.standing import TenantStanding
 from autellix.control.store import ProgramStore
@@ -94,6 +95,8 @@ class Sessions:
         self.standing = standing
         #: Program admission under overload (None: every program starts at once).
         self.gate = gate
+        #: Names of the one-call programs of keyless calls.
+        self._call_programs = UniqueIds("call-")
 
     async def open(self, now: float, owner: str | None, *, program_id: str | None = None,
                    implicit: bool = False, parent: str | None = None, priority: int = 0) -> ProgramEntry:
@@ -152,7 +155,7 @@ class Sessions:
         named = await self.named(headers, owner, now)
         if named is not None:
             return named
-        entry = await self.open(now, owner, program_id=f"call-{uuid.uuid4().hex}", priority=header_priority(headers))
+        entry = await self.open(now, owner, program_id=self._call_programs(), priority=header_priority(headers))
         return CallOwner(entry.program_id, header_id(headers, THREAD_HEADER), ephemeral=True)
 
     async def resolve_chain(self, headers: Mapping[str, str], owner: str | None, now: float, *,

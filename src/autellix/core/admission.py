@@ -19,7 +19,17 @@ median life of recently finished programs, room or not, so that holding
 costs no program more than half a typical life. The queue holds at most
 ``queue_per_slot`` programs per running slot of the pool; past that, and for
 a class below zero (sheddable) whenever there is no room, the answer is
-refuse, with ``retry_after`` the expected wait at the recent admission rate.
+refuse, with ``retry_after`` the expected wait at the recent admission rate,
+and never more than the longest hold: by then every program waiting now has
+been admitted, so the queue has room again.
+
+Why the queue is long (16 per slot): a refused program waits out its
+Retry-After and then queues behind the programs that came meanwhile, so a
+refusal costs it more than a hold, whose length the longest hold bounds
+anyway. Refusing is for overloads past what holding can absorb, and to bound
+the gateway's memory; with 4 places per slot, bursts on the CPU engine had
+12-19 of 60 programs refused and a P99 1.3x that of no admission
+(``docs/results/2026-12-05-admission-queue-length.md``).
 
 Why: when more programs are live than their contexts fit in the KV cache, a
 program back from a tool pause finds its prefix evicted and computes it
@@ -53,7 +63,7 @@ class AdmissionParams:
     #: How many times the engines' KV blocks the admitted programs' working sets may fill.
     kv_limit: float = 2.5
     #: Programs that may wait, per running slot of the pool; past that a new program is refused.
-    queue_per_slot: float = 4.0
+    queue_per_slot: float = 16.0
     #: Bounds of the Retry-After given with a refusal (seconds).
     min_retry_after: float = 1.0
     max_retry_after: float = 60.0
@@ -168,7 +178,7 @@ class ProgramAdmission:
                priority: int = 0) -> AdmissionDecision:
         """A new program asks to start. ``priority``: its class (higher first;
         below zero: sheddable, refused rather than queued when there is no room)."""
-        if program_id in self._admitted or any(w.program_id == program_id for w in self._queue):
+        if program_id in self._admitted or (self._queue and any(w.program_id == program_id for w in self._queue)):
             raise AlreadyKnown(program_id)
         ahead = bool(self._queue) and self._queue[0].priority >= priority
         if not ahead and self.has_room(engines):
@@ -241,13 +251,18 @@ class ProgramAdmission:
 
     def retry_after(self, now: float, ahead: int) -> float:
         """Seconds until ``ahead`` waiting programs and this one would have been
-        admitted at the recent admission rate, within the configured bounds."""
+        admitted at the recent admission rate, within the configured bounds and
+        no longer than the longest hold (when one is known)."""
         window = self.params.rate_window
         self._forget_admissions_before(now - window)
+        longest = self.params.max_retry_after
+        hold = self.longest_hold()
+        if hold is not None:
+            longest = max(self.params.min_retry_after, min(longest, hold))
         if not self._recent:
-            return self.params.max_retry_after
+            return longest
         rate = len(self._recent) / window
-        return min(self.params.max_retry_after, max(self.params.min_retry_after, (ahead + 1) / rate))
+        return min(longest, max(self.params.min_retry_after, (ahead + 1) / rate))
 
 
 def _slide(window: deque[T], ordered: list[T], value: T, size: int) -> None:

@@ -36,7 +36,7 @@ from autellix.epp.contract import HEALTH_SERVICES, READY_SERVICES
 from autellix.epp.exchange import Exchange
 from autellix.epp.messages import ProcessingRequest
 from autellix.epp.picker import error_answer
-from autellix.gateway.lifecycle import StoreHealthCollector, StoreProbe
+from autellix.gateway.lifecycle import StoreHealthCollector, StoreProbe, freeze_startup_objects
 from autellix.protocol import HEALTH_PATH, METRICS_PATH, READY_PATH
 
 log = logging.getLogger("autellix.epp")
@@ -205,6 +205,7 @@ async def run_picker(config: PickerConfig, *, print_fn: Callable[..., None] = pr
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await server.start()
+    freeze_startup_objects()
     try:
         print_fn(f"autellix epp: ext_proc on {config.host}:{server.port}"
                  + (f", metrics on {server.metrics_url}" if server.metrics_url else "")

@@ -103,6 +103,10 @@ class CallPath:
                  slots: TenantSlots, backend: EngineBackend, http: EngineHttp, count_tokens: Counter) -> None:
         self.config, self.controller, self.pool, self.slots = config, controller, pool, slots
         self.backend, self.http, self.count_tokens = backend, http, count_tokens
+        #: An attempt's connect, read and total bounds, streamed (True) and whole (False).
+        self._timeouts = {stream: aiohttp.ClientTimeout(
+            total=config.attempt_timeout, sock_connect=config.connect_timeout,
+            sock_read=config.idle_read_timeout if stream else config.whole_timeout) for stream in (True, False)}
 
     async def prompt_tokens(self, dialect: Dialect, body: Mapping[str, Any]) -> int:
         """The prompt's length; a long text is tokenised on a thread, so it never stalls the
@@ -148,12 +152,10 @@ class CallPath:
         """One attempt at one engine: raises ``EngineFailure`` while the call may still move."""
         config = self.config
         header_timeout = config.stream_header_timeout if attempt.stream else None
-        timeouts = aiohttp.ClientTimeout(total=config.attempt_timeout, sock_connect=config.connect_timeout,
-                                         sock_read=config.idle_read_timeout if attempt.stream else config.whole_timeout)
         # the call id asks the engine to put the call's record in its answer (one request fewer)
         headers = {**JSON_HEADERS, CALL_HEADER: attempt.call_id}
         upstream = await open_upstream(self.http, attempt.engine + attempt.path, attempt.body, headers,
-                                       header_timeout=header_timeout, timeout=timeouts)
+                                       header_timeout=header_timeout, timeout=self._timeouts[attempt.stream])
         if upstream.status == 200 and on_answer is not None:
             try:
                 await on_answer(attempt)
