@@ -2,7 +2,8 @@
 
 ``uuid.uuid4`` reads the kernel's random source on every id, about 2 µs, twice on a keyless
 call's path. Here each generator draws 64 random bits once and counts after them: two
-replicas' ids collide only if their prefixes do (one in 2^32 at about 65,000 replicas).
+replicas' ids collide only if their prefixes do (for a thousand generators, a chance of
+about one in 10^13).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Retry-After and then queues behind the programs that came meanwhile, so a
 refusal costs it more than a hold, whose length the longest hold bounds
 anyway. Refusing is for overloads past what holding can absorb, and to bound
 the gateway's memory; with 4 places per slot, bursts on the CPU engine had
-12-19 of 60 programs refused and a P99 1.3x that of no admission
+12-19 of 60 programs refused and a P99 1.27x that of no admission
 (``docs/results/2026-12-05-admission-queue-length.md``).
 
 Why: when more programs are live than their contexts fit in the KV cache, a
