@@ -47,8 +47,10 @@ def test_responses_whole_streamed_and_a_ten_call_chain_are_one_program(gw: str) 
     entry = session_entry(gw, f"chain-{first}")
     assert entry["calls_done"] == 10 and entry["calls_active"] == 0
     assert entry["service"] > 0 and entry["completion_tokens"] > 0 and entry["implicit"]
-    streamed = session_entry(gw, f"chain-{responses_stream(gw)}")
-    assert streamed["calls_done"] == 1 and streamed["completion_tokens"] == 6 and streamed["service"] > 0
+    streamed_id, streamed_tokens = responses_stream(gw)
+    streamed = session_entry(gw, f"chain-{streamed_id}")
+    assert streamed["calls_done"] == 1 and streamed["completion_tokens"] == streamed_tokens
+    assert streamed["service"] > 0
 
 
 def test_a_session_header_names_the_program_of_a_chain(gw: str) -> None:

@@ -57,7 +57,8 @@ def test_agent_clients_through_replicas_behind_envoy(agent_mesh: LocalMesh) -> N
     base = agent_mesh.url
     first, _ = responses_chain(base, 10)
     assert session_entry(base, f"chain-{first}", calls=10)["calls_done"] == 10
-    assert session_entry(base, f"chain-{responses_stream(base)}", calls=1)["completion_tokens"] == 6
+    streamed_id, streamed_tokens = responses_stream(base)
+    assert session_entry(base, f"chain-{streamed_id}", calls=1)["completion_tokens"] == streamed_tokens
     anthropic_conversation(base, "mesh-claude", turns=5)
     assert session_entry(base, "mesh-claude", calls=6)["service"] > 0
     agents_sdk_run(base, "mesh-agents-sdk")
