@@ -1,7 +1,7 @@
 """The real-engine benchmark's settings, simulated on the CPU engine's profiles.
 
     .venv/bin/python experiments/cpu_engine_settings_in_simulator.py [--workloads mixed,fanout] [--draws 5] [--jobs 2] \
-        [--rates 0.5 --programs 26 --first-draw 4 --profile NAME]
+        [--rates 0.5 --programs 26 --first-draw 4 --profile NAME --backlog-factor inf]
 
 For every workload of ``autellix bench sweep`` and every rate of its engine
 settings (``autellix.loadgen.stack_sweep.ENGINE_SETTINGS``: slots, token budget,
@@ -32,17 +32,17 @@ from autellix.workloads import make_programs
 SYSTEMS = ("client-plas", "vllm-opt", "plas", "autellix")
 
 
-Task = tuple[str, float, int, int, str, int | None, str | None]
+Task = tuple[str, float, int, int, str, int | None, str | None, float | None]
 
 
 def run_point(task: Task) -> tuple[tuple[str, float, int, str], dict[str, Any]]:
-    workload, rate, index, draw, system, count, profile_name = task
+    workload, rate, index, draw, system, count, profile_name, backlog_factor = task
     settings = ENGINE_SETTINGS[workload]
     profile = settings.sim_profile(profile_name)
     seed = draw + index
     programs = make_programs(workload, count or settings.programs_at(rate), seed=seed)
-    run = simulate_programs(programs, profile=profile, system=system, rate=rate, seed=seed,
-                            config=settings.scheduler or SchedulerConfig())
+    config = (settings.scheduler or SchedulerConfig()).with_overrides(backlog_factor=backlog_factor)
+    run = simulate_programs(programs, profile=profile, system=system, rate=rate, seed=seed, config=config)
     return (workload, rate, draw, system), sim_summary(run)
 
 
@@ -65,13 +65,14 @@ def main() -> None:
     parser.add_argument("--rates", default=None, help="comma-separated (default: each workload's sweep rates)")
     parser.add_argument("--programs", type=int, default=None, help="programs a run (default: the sweep's)")
     parser.add_argument("--profile", default=None, help="a profile's name or JSON (default: the settings' own)")
+    parser.add_argument("--backlog-factor", type=float, default=None, help="the scheduler's (default: the settings')")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     draws = range(args.first_draw, args.first_draw + args.draws)
     chosen = [float(r) for r in args.rates.split(",")] if args.rates else None
     rates = {w: chosen or list(ENGINE_SETTINGS[w].rates) for w in workloads}
-    tasks = [(w, rate, i, d, s, args.programs, args.profile) for w in workloads for i, rate in enumerate(rates[w])
-             for d in draws for s in SYSTEMS]
+    tasks = [(w, rate, i, d, s, args.programs, args.profile, args.backlog_factor)
+             for w in workloads for i, rate in enumerate(rates[w]) for d in draws for s in SYSTEMS]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(run_point, tasks, chunksize=4))
     print("autellix against client-plas and vllm-opt, geometric mean over draws (range); ms per token")

@@ -28,13 +28,13 @@ needs_data = pytest.mark.skipif(not workloads_available(), reason="workload data
 
 #: The scheduler options of each command that takes some (the CLI's, unchanged by the move to cli/).
 EXPOSED = {
-    "autellix gateway": {"policy", "beta", "balancer"},
+    "autellix gateway": {"policy", "beta", "backlog_factor", "balancer"},
     "autellix up": {"policy"},
-    "autellix engine": {"policy", "beta", "quanta", "boundaries", "multi_step", "max_preemptions"},
+    "autellix engine": {"policy", "beta", "backlog_factor", "quanta", "boundaries", "multi_step", "max_preemptions"},
     "autellix emulate": {"policy"},
-    "autellix sim": {"boundaries", "quanta", "beta", "balancer", "max_preemptions"},
-    "autellix bench sweep": {"beta", "quanta", "boundaries", "max_preemptions"},
-    "autellix epp": {"policy", "beta", "balancer"},
+    "autellix sim": {"boundaries", "quanta", "beta", "backlog_factor", "balancer", "max_preemptions"},
+    "autellix bench sweep": {"beta", "backlog_factor", "quanta", "boundaries", "max_preemptions"},
+    "autellix epp": {"policy", "beta", "backlog_factor", "balancer"},
 }
 
 
@@ -51,7 +51,8 @@ def test_every_scheduler_field_has_its_option_text_and_type() -> None:
     assert set(HELP) == set(FIELDS)
     # lists (queue boundaries, quanta) as comma-separated text, which SchedulerConfig parses
     assert {name: option_type(name) for name in FIELDS} == {
-        "policy": str, "boundaries": str, "quanta": str, "beta": float, "balancer": str, "long_prompt_tokens": int,
+        "policy": str, "boundaries": str, "quanta": str, "beta": float, "backlog_factor": float, "balancer": str,
+        "long_prompt_tokens": int,
         "program_idle_ttl": float, "multi_step": int, "max_preemptions": int}
     assert option_help("beta") == "Anti-starvation ratio, inf disables (default: $AUTELLIX_BETA)"
 

@@ -58,6 +58,9 @@ def test_the_fields_the_gateway_sends_are_what_the_engine_plugin_reads() -> None
     fields = SchedulingFields(program="p", call="c1", service=1.25, wait=0.5, thread="t", level=2)
     who = CallIdentity.of("req-1", fields.xargs(), None)
     assert (who.program_id, who.gateway_call, who.thread_id, who.service, who.wait) == ("p", "c1", "t", 1.25, 0.5)
+    assert who.tree is None and protocol.XARG_TREE not in fields.xargs()  # a program's own totals name no tree
+    subagent = SchedulingFields(program="root/agent1", call="c2", service=3.0, wait=1.0, tree="root")
+    assert CallIdentity.of("req-2", subagent.xargs(), None).tree == "root"
 
 
 def test_a_call_record_round_trips_and_bad_ones_are_refused() -> None:

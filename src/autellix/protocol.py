@@ -109,7 +109,9 @@ XARGS_FIELD = "vllm_xargs"
 #: Keys inside ``XARGS_FIELD`` that the engine plugin (``autellix.engine.planner``) reads.
 XARG_PROGRAM, XARG_THREAD, XARG_CALL = "autellix_program", "autellix_thread", "autellix_call"
 XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
-XARG_KEYS = (XARG_PROGRAM, XARG_THREAD, XARG_CALL, XARG_SERVICE, XARG_WAIT)
+#: The subagent tree whose totals ``XARG_SERVICE`` and ``XARG_WAIT`` are (sent when not the program itself).
+XARG_TREE = "autellix_tree"
+XARG_KEYS = (XARG_PROGRAM, XARG_THREAD, XARG_CALL, XARG_SERVICE, XARG_WAIT, XARG_TREE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,8 @@ class SchedulingFields:
     wait: float
     thread: str | None = None
     level: int | None = None
+    #: The subagent tree ``service`` and ``wait`` are the totals of (None: the program's own).
+    tree: str | None = None
 
     def xargs(self) -> dict[str, Any]:
         """The flat ``vllm_xargs`` the engine plugin reads."""
@@ -133,6 +137,8 @@ class SchedulingFields:
                                XARG_SERVICE: round(self.service, 6), XARG_WAIT: round(self.wait, 6)}
         if self.thread is not None:
             out[XARG_THREAD] = self.thread
+        if self.tree is not None and self.tree != self.program:
+            out[XARG_TREE] = self.tree
         return out
 
 
@@ -329,6 +335,7 @@ __all__ = [
     "XARG_PROGRAM",
     "XARG_SERVICE",
     "XARG_THREAD",
+    "XARG_TREE",
     "XARG_WAIT",
     "APIError",
     "CallRecord",

@@ -1,7 +1,10 @@
 import math
+import random
+
+import pytest
 
 from autellix.core import MultiLevelQueue, ProgramView, QueueSpec
-from autellix.core.mlq import backlog_ratio
+from autellix.core.mlq import backlog_ratio, backlog_ratio_floor
 
 SPEC = QueueSpec(boundaries=(10.0, 100.0), quanta=(2.0, 4.0, math.inf), beta=math.inf)
 
@@ -142,3 +145,66 @@ def test_under_a_backlog_only_programs_that_fare_worse_than_the_rest_are_promote
     assert q.starvation_bound == (80 + 45 + 4 * 40) / (6 * 20)  # 2.375: "alike" (2.25) stays, "worse" (4) goes
     assert moved == [worse] and worse.level == 0 and alike.level == 1
     q.check_invariants()
+
+
+def test_the_starvation_bound_is_beta_the_backlogs_ratio_above_it_or_a_multiple_of_a_light_one():
+    spec = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=4.0, backlog_factor=3.0)
+    assert spec.starvation_bound(6.0) == 6.0  # a heavy backlog: a program that waits like the others stays
+    assert spec.starvation_bound(2.0) == 4.0  # beta
+    assert spec.starvation_bound(0.5) == 1.5  # a light backlog: three times its ratio
+    assert spec.starvation_bound(0.0) == 0.0
+    paper = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=4.0)  # no factor: never under beta
+    assert paper.starvation_bound(0.5) == 4.0 and paper.starvation_bound(6.0) == 6.0
+    off = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=math.inf, backlog_factor=3.0)
+    assert off.starvation_bound(0.5) == math.inf
+    with pytest.raises(ValueError, match="backlog_factor"):
+        QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=4.0, backlog_factor=0.5)
+
+
+@pytest.mark.parametrize(("factor", "promoted"), [(3.0, True), (math.inf, False)])
+def test_under_a_light_backlog_a_program_that_waits_far_longer_than_the_others_is_promoted(factor, promoted):
+    """Every program has waited far less than beta (4) times its service; one has waited
+    1.5 times, the rest 0.2 times: with a factor of 3 it is lifted (3 x 0.44 < 1.5)."""
+    programs = {"worse": ProgramView(priority=20, wait=30, service=20),
+                **{f"busy{i}": ProgramView(priority=20, wait=4, service=20) for i in range(4)}}
+    spec = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=4.0, backlog_factor=factor)
+    q = MultiLevelQueue(spec, lookup_from(programs))
+    worse = q.add("w", "worse", now=0.0)
+    for i in range(4):
+        q.add(f"b{i}", f"busy{i}", now=0.0)
+    moved = q.rebalance(0.0)
+    assert q.starvation_bound == pytest.approx(min(factor * (30 + 16) / 100, 4.0))
+    assert (moved == [worse] and worse.level == 0) if promoted else (moved == [] and worse.level == 1)
+    q.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_backlog_ratio_never_falls_below_its_floor_while_the_running_calls_run(seed):
+    """What a simulator that skips steps relies on: with no call arriving or leaving, the ratio at
+    any later time is at least ``backlog_ratio_floor`` now."""
+    rng = random.Random(seed)
+    programs = {f"p{i}": ProgramView(priority=0, wait=rng.choice([0.0, rng.uniform(0, 50)]),
+                                     service=rng.choice([0.0, rng.uniform(0, 50)])) for i in range(6)}
+    q = MultiLevelQueue(SPEC, lookup_from(programs))
+    calls = [q.add(f"c{i}", f"p{rng.randrange(6)}", now=rng.uniform(0, 5)) for i in range(rng.randint(1, 12))]
+    q.mark_running([c.call_id for c in calls if rng.random() < 0.4])
+    q.advance(6.0)
+    q.mark_running([c.call_id for c in calls if rng.random() < 0.4])
+    lookup = lookup_from(programs)
+    floor = backlog_ratio_floor(q, lambda call: lookup(call.program_id))
+    for t in (6.001, 6.5, 8.0, 20.0, 100.0, 1e4):
+        q.advance(t)
+        assert backlog_ratio(q, lambda call: lookup(call.program_id)) >= floor - 1e-9, t
+
+
+def test_the_backlog_counts_a_subagent_trees_totals_once():
+    """Every member of a tree reads the tree's totals; counted per member, a tree of four would
+    weigh four times in the backlog, and a subagent fan-out would rank unlike the one program it is."""
+    tree = ProgramView(priority=20, wait=60, service=20, tree="root")
+    programs = {**{f"root/agent{i}": tree for i in range(4)}, "chat": ProgramView(priority=20, wait=0, service=20)}
+    q = MultiLevelQueue(SPEC, lookup_from(programs))
+    for pid in programs:
+        q.add(pid, pid, now=0.0)
+    lookup = lookup_from(programs)
+    assert backlog_ratio(q, lambda call: lookup(call.program_id)) == (60 + 0) / (20 + 20)
+    assert backlog_ratio_floor(q, lambda call: lookup(call.program_id)) == (60 + 0) / (20 + 20)

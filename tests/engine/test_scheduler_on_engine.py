@@ -109,8 +109,10 @@ def test_a_long_program_is_not_starved_by_a_stream_of_fresh_ones(engine_cache: E
     assert finished_under_load and entry["calls_done"] == 1
     assert fresh_done > 20  # the stream really ran the whole time
     ratio = entry["waiting"] / entry["service"]
-    # promoted whenever wait reaches beta x service, so the ratio stays near beta
-    assert 1.0 < ratio < 2 * beta, (entry["waiting"], entry["service"])
+    # it waited, and was promoted by the time its wait reached beta x its service (sooner
+    # when the backlog is light, as here, where the fresh calls hardly wait: three times
+    # the backlog's ratio), so the ratio stays under beta, with room for the sweeps' timing
+    assert entry["waiting"] > 0 and ratio < 2 * beta, (entry["waiting"], entry["service"])
 
 
 def test_churn_with_aborts_loses_no_call_and_keeps_the_engine_up(engine_cache: Engine) -> None:

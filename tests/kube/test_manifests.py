@@ -333,8 +333,8 @@ def test_job_outcome(status: dict[str, Any], outcome: str | None) -> None:
     ({"model": {"name": "m", "source": {"path": "/a"}}, "scheduler": {"policy": "sjf"}},
      "spec.scheduler.policy: expected one of atlas, plas, mlfq, fcfs, got 'sjf'"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "scheduler": {"balancer": "autellix"}},
-     "spec.scheduler: unknown parameter(s) balancer; expected policy, boundaries, quanta, beta, multi_step, "
-     "max_preemptions"),
+     "spec.scheduler: unknown parameter(s) balancer; expected policy, boundaries, quanta, beta, backlog_factor, "
+     "multi_step, max_preemptions"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "scheduler": {"max_preemptions": "many"}},
      "spec.scheduler.max_preemptions: expected a number, got 'many'"),
     ({"model": {"name": "m", "source": {"path": "/a"}}, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}},

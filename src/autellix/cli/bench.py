@@ -75,7 +75,8 @@ def bench(
 
 
 @app.command("sweep")
-@scheduler_options("beta", "quanta", "boundaries", "max_preemptions", defaults="the workload's, loadgen/stack_sweep.py")
+@scheduler_options("beta", "backlog_factor", "quanta", "boundaries", "max_preemptions",
+                   defaults="the workload's, loadgen/stack_sweep.py")
 def bench_sweep(
     workload: Annotated[str, typer.Option(help=one_of(WORKLOADS))] = "bfcl",
     rates: Annotated[str | None, typer.Option(

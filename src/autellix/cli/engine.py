@@ -14,7 +14,7 @@ from autellix.engine.launch import SCHEDULERS
 CONTEXT_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@scheduler_options("policy", "beta", "quanta", "boundaries", "multi_step", "max_preemptions")
+@scheduler_options("policy", "beta", "backlog_factor", "quanta", "boundaries", "multi_step", "max_preemptions")
 def engine(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="Model path or name (default: the local tiny model)")] = None,

@@ -22,7 +22,7 @@ from autellix.cli.gateway import (
 from autellix.cli.options import NO_OVERRIDES, SchedulerOverrides, scheduler_options
 
 
-@scheduler_options("policy", "beta", "balancer")
+@scheduler_options("policy", "beta", "backlog_factor", "balancer")
 def epp(
     engine: Annotated[list[str] | None, typer.Option(
         "--engine", help="Engine base URL, its host an IP address (repeatable; static)")] = None,

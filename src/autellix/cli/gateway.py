@@ -47,7 +47,7 @@ def engine_source(engine: list[str] | None, discovery: DiscoveryKind, engine_sel
     return [], KubeDiscovery(engine_selector, namespace or None, port_name=engine_port_name)
 
 
-@scheduler_options("policy", "beta", "balancer")
+@scheduler_options("policy", "beta", "backlog_factor", "balancer")
 def gateway(
     engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine base URL (repeatable; static)")] = None,
     discovery: Annotated[DiscoveryKind, typer.Option(

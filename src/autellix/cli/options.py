@@ -33,6 +33,7 @@ HELP: dict[str, str] = {
     "boundaries": "Queue boundaries in seconds of service, e.g. 0.5,2,8,32",
     "quanta": "Steps per queue, e.g. 64,128,256,512,inf",
     "beta": "Anti-starvation ratio, inf disables",
+    "backlog_factor": "Promote a program that waits this many times longer than the backlog's programs (>= 1)",
     "balancer": one_of(BALANCERS),
     "long_prompt_tokens": "Calls with more prompt tokens than this stick to their program's engine",
     "program_idle_ttl": "Seconds without a call after which a program is dropped",

@@ -19,7 +19,8 @@ app = typer.Typer(help="Simulators: unit steps (the paper's toy figures) or agen
 
 
 @app.callback(invoke_without_command=True)
-@scheduler_options("boundaries", "quanta", "beta", "balancer", "max_preemptions", defaults=None, help_text={
+@scheduler_options("boundaries", "quanta", "beta", "backlog_factor", "balancer", "max_preemptions", defaults=None,
+                   help_text={
     "boundaries": "Queue boundaries: steps (unit steps, e.g. 1,2,4,8) or seconds of service (--engine-profile)",
     "quanta": "Quanta in steps, one per queue, e.g. 1,2,4,8,inf",
     "balancer": f"{one_of(BALANCERS)}; algorithm2 is autellix (default: $AUTELLIX_BALANCER)"})

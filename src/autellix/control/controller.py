@@ -242,7 +242,7 @@ class RequestController:
         if self.send_priority:
             level = self.queues.level_for(view.priority if self.policy.places_by_priority else 0.0)
         return SchedulingFields(program=program_id, call=call_id, service=view.service, wait=view.wait,
-                                thread=thread_id, level=level)
+                                thread=thread_id, level=level, tree=view.tree or None)
 
     # ---- one call -------------------------------------------------------------------
     async def call(self, spec: CallSpec, send: EngineCall[T]) -> T:

@@ -47,7 +47,8 @@ class SchedulerConfig:
     2, ..., 256 seconds of attained service (x2 apart, so programs that differ
     two-fold in service are told apart across three orders of magnitude),
     unbounded quanta (a call is never demoted while it runs: demotion made
-    the engine preempt calls that a newcomer gains little from), and beta = 4.
+    the engine preempt calls that a newcomer gains little from), beta = 4 and
+    a backlog factor of 3.
     """
 
     policy: str = "atlas"
@@ -58,9 +59,16 @@ class SchedulerConfig:
     #: fits any number of queues, so boundaries alone may be changed.
     quanta: tuple[float, ...] = (math.inf,) * 11
     #: Promote a call to Q1 when (program wait + call wait) /
-    #: (program service + call model time) >= beta, and >= the backlog's own
-    #: ratio when that is higher (``mlq.backlog_ratio``). ``inf`` disables it.
+    #: (program service + call model time) reaches the starvation bound: beta,
+    #: or the backlog's own ratio when that is higher (``mlq.backlog_ratio``).
+    #: ``inf`` disables anti-starvation.
     beta: float = 4.0
+    #: Under a light backlog the bound is this many times the backlog's ratio,
+    #: when that is under beta (``QueueSpec.starvation_bound``): a program that
+    #: has waited this many times as long for its service as the queued programs
+    #: together is promoted before it reaches beta. At least 1; ``inf``: the
+    #: bound is never under beta.
+    backlog_factor: float = 3.0
     #: Load balancer: ``autellix`` (Algorithm 2), ``least_used`` or ``round_robin``.
     balancer: str = "autellix"
     #: Calls with more prompt tokens than this stick to their program's engine.
@@ -95,6 +103,8 @@ class SchedulerConfig:
             raise ConfigError(f"quanta: expected positive numbers, got {list(self.quanta)}")
         if not self.beta > 0:
             raise ConfigError(f"beta: expected a positive number or inf, got {self.beta}")
+        if not self.backlog_factor >= 1:
+            raise ConfigError(f"backlog_factor: expected a number >= 1 or inf, got {self.backlog_factor}")
         if self.long_prompt_tokens < 0:
             raise ConfigError(f"long_prompt_tokens: expected >= 0, got {self.long_prompt_tokens}")
         if not self.program_idle_ttl > 0:
@@ -147,7 +157,7 @@ class SchedulerConfig:
 
 
 _INTS = {"long_prompt_tokens", "multi_step", "max_preemptions"}
-_FLOATS = {"beta", "program_idle_ttl"}
+_FLOATS = {"beta", "backlog_factor", "program_idle_ttl"}
 
 
 def _coerce(name: str, value: Any) -> Any:

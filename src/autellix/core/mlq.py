@@ -3,9 +3,10 @@
 K queues Q1..QK (index 0..K-1 here). A call enters the queue whose service range
 holds its program's priority (or Q1 for program-agnostic policies), runs FCFS
 inside it, is demoted when it has used its queue's quantum, and is promoted back
-to Q1 when its program has waited ``beta`` times its service, and longer, for
-its service, than the queues' programs have on the whole (``backlog_ratio``:
-docs/scheduling.md, "A starvation bound that follows the backlog"). A promoted call
+to Q1 when its program's wait over its service reaches the starvation bound, which
+follows the queues' programs taken together (``QueueSpec.starvation_bound`` over
+``backlog_ratio``: docs/scheduling.md, "A starvation bound that follows the
+backlog"). A promoted call
 takes its place in Q1 by its arrival, ahead of the calls that arrived after it
 (not at Q1's tail: docs/scheduling.md, "Promotion by arrival"). A batch is the
 longest prefix of Q1..QK, in that order, that the engine can fit.
@@ -29,19 +30,42 @@ from autellix.core.config import SchedulerConfig
 
 @dataclass(frozen=True)
 class QueueSpec:
-    """Queue layout: K-1 boundaries, K quanta (steps) and the starvation ratio."""
+    """Queue layout: K-1 boundaries, K quanta (steps) and the starvation bound's two ratios."""
 
     boundaries: tuple[float, ...]
     quanta: tuple[float, ...]
     beta: float
+    #: ``SchedulerConfig.backlog_factor``; ``inf``: the bound never falls below ``beta``.
+    backlog_factor: float = math.inf
 
     def __post_init__(self) -> None:
         if len(self.quanta) != len(self.boundaries) + 1:
             raise ValueError("a QueueSpec needs exactly one quantum per queue")
+        if not self.backlog_factor >= 1:
+            raise ValueError(f"backlog_factor: expected >= 1, got {self.backlog_factor}")
 
     @classmethod
     def from_config(cls, config: SchedulerConfig) -> QueueSpec:
-        return cls(boundaries=config.boundaries, quanta=config.quanta, beta=config.beta)
+        return cls(boundaries=config.boundaries, quanta=config.quanta, beta=config.beta,
+                   backlog_factor=config.backlog_factor)
+
+    def starvation_bound(self, backlog: float) -> float:
+        """The (wait / service) ratio at which a program's calls are promoted, given the
+        queues' own ratio ``backlog`` (``backlog_ratio``): ``beta``; the backlog's ratio
+        when that is higher (a program that waits like all the others stays put); and
+        ``backlog_factor`` times the backlog's ratio when that is lower than ``beta``
+        (a program that waits that many times longer than the others is lifted, though
+        none has waited ``beta`` times its service). Never below the backlog's ratio.
+
+        The last clause is for engines whose calls run long in large batches: their
+        model time grows with the batch, so under a backlog the programs' ratios
+        stay far under ``beta`` while least-attained-service keeps the same older
+        programs waiting (docs/scheduling.md, "A starvation bound that follows the
+        backlog")."""
+        upper = max(self.beta, backlog)
+        if math.isinf(upper) or math.isinf(self.backlog_factor):  # beta inf: no anti-starvation at all
+            return upper
+        return min(self.backlog_factor * backlog, upper)
 
     @property
     def num_queues(self) -> int:
@@ -58,6 +82,9 @@ class ProgramView(NamedTuple):
     priority: float  #: the program's current priority (attained service)
     wait: float  #: queued time of its finished calls
     service: float  #: attained service, the anti-starvation denominator
+    #: The program whose totals these are when several share them (a subagent's tree root):
+    #: ``backlog_ratio`` counts them once. Empty: the call's own program.
+    tree: str = ""
 
 
 #: Looks a program up by id. Engines without a process table answer from the
@@ -132,28 +159,60 @@ def backlog_ratio(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall]
     two of service) inflate the ratio, and a long program behind a stream of
     short ones was no longer promoted at all (tests/core/test_properties.py).
 
-    Anti-starvation promotes at ``max(beta, this)``. Lightly loaded, this is
-    far under beta and changes nothing. In a sustained overload every program
+    Anti-starvation promotes at ``QueueSpec.starvation_bound`` of this, at
+    least this. In a sustained overload every program
     waits, and a fixed beta promoted each long program in turn ahead of the
     short ones, which then waited behind it: the order drifted to FCFS, and
     the short programs, whose few tokens make the tail of token latency, paid
     (docs/scheduling.md). Tied to the whole, the bound still lifts a program
     that fares worse than the rest and leaves the ones that wait like all the
     others."""
-    totals: dict[str, list[float]] = {}
-    for call in calls:
-        total = totals.get(call.program_id)
-        if total is None:
-            program = program_of(call)
-            total = totals[call.program_id] = [program.wait, program.service]
-        total[0] += call.wait
-        total[1] += 2.0 * call.model_time
     wait = service = 0.0
-    for program_wait, program_service in totals.values():
+    for program_wait, program_service, _, _ in _program_totals(calls, program_of):
         if program_service > 0:
             wait += program_wait
             service += program_service
     return wait / service if service > 0 else 0.0
+
+
+def backlog_ratio_floor(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall], ProgramView]) -> float:
+    """The lowest ``backlog_ratio`` can fall to while the running calls run and the
+    others wait, none arriving or leaving: a simulator that skips steps promotes
+    nothing before the bound of this could be met.
+
+    Over that time the summed wait grows by one second a second per waiting call
+    and the summed service by two per running call (a program with a running
+    call counts from its first instant), so the ratio moves monotonically from
+    its value now towards waiting / (2 x running)."""
+    wait = service = 0.0
+    waiting = running = 0
+    for program_wait, program_service, program_waiting, program_running in _program_totals(calls, program_of):
+        if program_service > 0 or program_running:
+            wait += program_wait
+            service += program_service
+            waiting += program_waiting
+            running += program_running
+    if not running:
+        return wait / service if service > 0 else 0.0
+    now = wait / service if service > 0 else math.inf
+    return min(now, waiting / (2.0 * running))
+
+
+def _program_totals(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall], ProgramView]
+                    ) -> Iterable[list[Any]]:
+    """Per program with a call in ``calls``, a subagent tree as one (``ProgramView.tree``): (wait,
+    service with unfinished calls' model time twice, calls waiting, calls running)."""
+    totals: dict[str, list[Any]] = {}
+    for call in calls:
+        program = program_of(call)
+        key = program.tree or call.program_id
+        total = totals.get(key)
+        if total is None:
+            total = totals[key] = [program.wait, program.service, 0, 0]
+        total[0] += call.wait
+        total[1] += 2.0 * call.model_time
+        total[3 if call.running else 2] += 1
+    return totals.values()
 
 
 class _Queue:
@@ -208,7 +267,7 @@ class MultiLevelQueue:
         self._seq = 0
         self._clock: float | None = None
         self._shared_clock: list[float] = [0.0]  # what calls read their wait from
-        #: The (wait / service) ratio the last sweep promoted at: max(beta, backlog_ratio).
+        #: The (wait / service) ratio the last sweep promoted at (``QueueSpec.starvation_bound``).
         self.starvation_bound = spec.beta
 
     # ---- membership -------------------------------------------------------
@@ -327,7 +386,7 @@ class MultiLevelQueue:
             return view
 
         if check_starvation:
-            self.starvation_bound = max(spec.beta, backlog_ratio(candidates, program_of))
+            self.starvation_bound = spec.starvation_bound(backlog_ratio(candidates, program_of))
         bound = self.starvation_bound
         for call in candidates:
             if call.quantum_left <= 0:  # demotion; the last queue round-robins

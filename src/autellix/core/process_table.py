@@ -222,7 +222,8 @@ class ProcessTable:
     def view(self, program_id: str) -> ProgramView:
         """What the multi-level queue reads for placement and anti-starvation: the tree's totals."""
         root = self.tree_root(self[program_id])
-        return ProgramView(priority=root.tree_service, wait=root.tree_waiting, service=root.tree_service)
+        return ProgramView(priority=root.tree_service, wait=root.tree_waiting, service=root.tree_service,
+                           tree=root.program_id)
 
     # ---- calls ------------------------------------------------------------
     def call_arrived(

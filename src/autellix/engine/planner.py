@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autellix.core import MultiLevelQueue, ProcessTable, SchedulerConfig, policy_by_name
-from autellix.core.mlq import QueuedCall
+from autellix.core.mlq import ProgramView, QueuedCall
 from autellix.core.preemption import PreemptionRule, SlotTurnover, preemption_victims
-from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_WAIT, CallRecord
+from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_TREE, XARG_WAIT, CallRecord
 
 #: How often the planner sweeps every queued call for anti-starvation promotion
 #: and re-placement. Demotion is checked every planning step (only calls that
@@ -47,6 +47,8 @@ class CallIdentity:
     gateway_call: str | None = None
     service: float | None = None
     wait: float | None = None
+    #: The subagent tree whose totals ``service`` and ``wait`` are (None: the program's own).
+    tree: str | None = None
     #: False when the request is a program of its own (no program id, no session): it never comes back.
     named: bool = True
 
@@ -65,6 +67,7 @@ class CallIdentity:
             gateway_call=_text(extra.get(XARG_CALL)),
             service=_number(extra.get(XARG_SERVICE)),
             wait=_number(extra.get(XARG_WAIT)),
+            tree=_text(extra.get(XARG_TREE)),
         )
 
 
@@ -85,7 +88,9 @@ class CallPlanner:
         self.config = config
         self.policy = policy_by_name(config.policy)
         self.table = ProcessTable(self.policy, idle_ttl=config.program_idle_ttl)
-        self.queue = MultiLevelQueue(self.policy.queues(config), self.table.view,
+        #: The gateway's subagent tree of each program that has one (the engine's table knows no trees).
+        self._trees: dict[str, str] = {}
+        self.queue = MultiLevelQueue(self.policy.queues(config), self.program_view,
                                      places_by_priority=self.policy.places_by_priority)
         self._identity: dict[str, CallIdentity] = {}
         self._preemptions: dict[str, int] = {}
@@ -102,6 +107,13 @@ class CallPlanner:
         """Who a queued call belongs to (None once it left)."""
         return self._identity.get(call_id)
 
+    def program_view(self, program_id: str) -> ProgramView:
+        """The program as the queues read it, with its tree when the gateway named one: the
+        members of one tree then count once in the backlog (``core.mlq.backlog_ratio``)."""
+        view = self.table.view(program_id)
+        tree = self._trees.get(program_id)
+        return view._replace(tree=tree) if tree is not None else view
+
     def rank(self, call_id: str) -> int:
         call = self.queue.get(call_id)
         return call.rank if call is not None else 0
@@ -116,6 +128,8 @@ class CallPlanner:
         if who.wait is not None:
             entry.waiting = max(entry.waiting, who.wait)
         self.table.call_arrived(who.program_id, call_id, now, thread_id=who.thread_id)
+        if who.tree is not None:
+            self._trees[who.program_id] = who.tree
         self._identity[call_id] = who
         return self.queue.add(call_id, who.program_id, now)
 
@@ -133,7 +147,8 @@ class CallPlanner:
         self._left += 1
         self.turnover.departed()
         if self._left % 256 == 0:  # programs that went quiet leave the table
-            self.table.expire(now)
+            for entry in self.table.expire(now):
+                self._trees.pop(entry.program_id, None)
         return CallRecord(call=who.gateway_call, program=who.program_id, finished=finished,
                           service_s=call.total_model_time, wait_s=call.total_wait, steps=call.steps,
                           promotions=call.promotions, demotions=call.demotions,

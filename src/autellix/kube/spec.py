@@ -34,7 +34,7 @@ POD_FIELDS: dict[str, type] = {
     "serviceAccountName": str,
 }
 #: Scheduler parameters an engine uses; the gateway's own ones (balancer, ...) live in the chart values.
-ENGINE_SCHEDULER_FIELDS = ("policy", "boundaries", "quanta", "beta", "multi_step", "max_preemptions")
+ENGINE_SCHEDULER_FIELDS = ("policy", "boundaries", "quanta", "beta", "backlog_factor", "multi_step", "max_preemptions")
 MAX_REPLICAS = 64
 #: An AgentProgram pod's resources when its spec names none: a small request, no limit (it is mostly waiting).
 DEFAULT_PROGRAM_RESOURCES: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "256Mi"}}

@@ -58,6 +58,7 @@ from autellix.protocol import (
     XARG_PROGRAM,
     XARG_SERVICE,
     XARG_THREAD,
+    XARG_TREE,
     XARG_WAIT,
     APIError,
     record_header_value,
@@ -316,7 +317,7 @@ class EmulatedEngine:
             request_id=f"emu-{uuid.uuid4().hex}", prompt=prompt, max_tokens=max_tokens,
             program_id=_text(xargs.get(XARG_PROGRAM)), thread_id=_text(xargs.get(XARG_THREAD)), priority=priority,
             service=service / scale if isinstance(service, int | float) else None,
-            wait=wait / scale if isinstance(wait, int | float) else None)
+            wait=wait / scale if isinstance(wait, int | float) else None, tree=_text(xargs.get(XARG_TREE)))
         call = Call(request, time.monotonic(), _text(xargs.get(XARG_CALL)))
         self.calls[request.request_id] = call
         self.model.add(request, self.now())

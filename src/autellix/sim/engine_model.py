@@ -59,6 +59,7 @@ from typing import Any
 from autellix.core import SchedulerConfig
 from autellix.core.engine_load import EngineLoad
 from autellix.core.kv_retention import Retention, RetentionCosts, RetentionLedger
+from autellix.core.mlq import ProgramView, QueuedCall, backlog_ratio_floor
 from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.sim.cost_model import StepCost
@@ -190,9 +191,11 @@ class SimRequest:
     thread_id: str | None = None
     #: vLLM-style priority, lower first (the ``vllm-priority`` scheduler's order).
     priority: int = 0
-    #: The gateway's ``vllm_xargs``: the program's attained service and waiting time.
+    #: The gateway's ``vllm_xargs``: the program's attained service and waiting time, and the
+    #: subagent tree they are the totals of.
     service: float | None = None
     wait: float | None = None
+    tree: str | None = None
     #: The tokens it will generate, when the caller knows them (the simulator's
     #: replies): their blocks become shareable with later calls that repeat them.
     output: Sequence[int] | None = None
@@ -379,7 +382,7 @@ class EngineModel:
         self.ledger.arrived(seq.program, now)
         if self.planner is not None:
             who = CallIdentity(program_id=seq.program, thread_id=request.thread_id, service=request.service,
-                               wait=request.wait)
+                               wait=request.wait, tree=request.tree)
             seq.priority = self.planner.arrive(request.request_id, who, now).rank
         elif not self.priority_order:
             seq.priority = 0
@@ -828,24 +831,34 @@ class EngineModel:
 
     def _first_promotion(self) -> float:
         """The earliest time a waiting call could meet the core's anti-starvation
-        condition, (program wait + call wait) >= beta x (program service + call
-        model time): only a waiting call's wait grows, one second per second, so
-        the run ends before that and the next step's sweep decides, as in the
-        plugin (which sweeps every ``SWEEP_INTERVAL_S``). Deciding stays the core's."""
+        condition, (program wait + call wait) >= bound x (program service + call
+        model time), the bound no lower than the core's at the lowest the backlog's
+        ratio can reach meanwhile (``backlog_ratio_floor``): only a waiting call's
+        wait grows, one second per second, so the run ends before that and the next
+        step's sweep decides, as in the plugin (which sweeps every
+        ``SWEEP_INTERVAL_S``). Deciding stays the core's."""
         assert self.planner is not None
-        queue, table = self.planner.queue, self.planner.table
-        beta = queue.spec.beta
-        if math.isinf(beta):
+        queue = self.planner.queue
+        if math.isinf(queue.spec.beta):
             return math.inf
+        views: dict[str, ProgramView] = {}
+
+        def program_of(call: QueuedCall) -> ProgramView:
+            view = views.get(call.program_id)
+            if view is None:
+                view = views[call.program_id] = self.planner.program_view(call.program_id)
+            return view
+
+        # never later than beta's time either: with no backlog factor this is the bound's floor
+        bound = min(queue.spec.beta, queue.spec.starvation_bound(backlog_ratio_floor(queue, program_of)))
         first = math.inf
-        views: dict[str, Any] = {}
         for _, seq in self._waiting:
             call = queue.get(seq.req.request_id)
             if call is None or call.level == 0:
                 continue
-            view = views.get(call.program_id) or views.setdefault(call.program_id, table.view(call.program_id))
+            view = program_of(call)
             # wait(t) = t - wait_origin - model_time
-            at = call.wait_origin + call.model_time + beta * (view.service + call.model_time) - view.wait
+            at = call.wait_origin + call.model_time + bound * (view.service + call.model_time) - view.wait
             first = min(first, at)
         return first
 

@@ -28,7 +28,7 @@ from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.engine_load import EngineLoad
 from autellix.core.mlq import QueueSpec
 from autellix.engine.tiny_model import render_chat
-from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_WAIT, XARGS_FIELD
+from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_TREE, XARG_WAIT, XARGS_FIELD
 from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
 from autellix.sim.gateway_queues import AdmissionGate, RequestFlowControl
 from autellix.sim.virtual_loop import run_virtual
@@ -250,7 +250,8 @@ class SimGateway:
             request = SimRequest(attempt.call_id, prompt, max_tokens, program_id=program_id if gateway else None,
                                  thread_id=thread, priority=priority,
                                  service=xargs[XARG_SERVICE] if gateway else None,
-                                 wait=xargs[XARG_WAIT] if gateway else None, output=output)
+                                 wait=xargs[XARG_WAIT] if gateway else None,
+                                 tree=xargs.get(XARG_TREE) if gateway else None, output=output)
             engine = self.engines[attempt.engine]
             if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
                 await asyncio.sleep(engine.model.profile.call_overhead)

@@ -5,9 +5,9 @@ The paper's ATLAS charges a program only its critical path: a finished call
 sets ``service = max(service, inherited + model_time)``, so parallel siblings
 do not add up. That lets width buy priority: a program that runs 8 calls at
 once is charged as if it ran one, keeps its place in the top queues while it
-takes 8 times the engine, and single-threaded programs wait behind it (issue
-15 measured ATLAS 2.4-3x worse than a client-side PLAS on a multi-agent mix;
-the simulator shows the same, ``docs/scheduling.md``).
+takes 8 times the engine, and single-threaded programs wait behind it (on a
+multi-agent mix the real engine measured the paper's rule 2.4-3x worse than a
+client-side PLAS, and the simulator shows the same: ``docs/scheduling.md``).
 
 Here a program's priority against other programs is its total attained service
 (the sum of its calls' model time, what PLAS charges): the engine time all its
