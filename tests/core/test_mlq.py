@@ -126,8 +126,8 @@ def test_backlog_ratio_sums_served_programs_and_counts_unfinished_calls_twice():
     q.mark_running([ran.call_id])
     q.advance(2.0)  # "a1" ran 2 s (counted as 4: halfway on average), the others waited 2 s
     lookup = lookup_from(programs)
-    assert backlog_ratio(q, lambda call: lookup(call.program_id)) == (6 + 1 + 2) / (10 + 4 + 2)
-    assert backlog_ratio([], lambda call: lookup(call.program_id)) == 0.0
+    assert backlog_ratio(q, lookup) == (6 + 1 + 2) / (10 + 4 + 2)
+    assert backlog_ratio([], lookup) == 0.0
 
 
 def test_under_a_backlog_only_programs_that_fare_worse_than_the_rest_are_promoted():
@@ -191,10 +191,10 @@ def test_the_backlog_ratio_never_falls_below_its_floor_while_the_running_calls_r
     q.advance(6.0)
     q.mark_running([c.call_id for c in calls if rng.random() < 0.4])
     lookup = lookup_from(programs)
-    floor = backlog_ratio_floor(q, lambda call: lookup(call.program_id))
+    floor = backlog_ratio_floor(q, lookup)
     for t in (6.001, 6.5, 8.0, 20.0, 100.0, 1e4):
         q.advance(t)
-        assert backlog_ratio(q, lambda call: lookup(call.program_id)) >= floor - 1e-9, t
+        assert backlog_ratio(q, lookup) >= floor - 1e-9, t
 
 
 def test_the_backlog_counts_a_subagent_trees_totals_once():
@@ -206,5 +206,5 @@ def test_the_backlog_counts_a_subagent_trees_totals_once():
     for pid in programs:
         q.add(pid, pid, now=0.0)
     lookup = lookup_from(programs)
-    assert backlog_ratio(q, lambda call: lookup(call.program_id)) == (60 + 0) / (20 + 20)
-    assert backlog_ratio_floor(q, lambda call: lookup(call.program_id)) == (60 + 0) / (20 + 20)
+    assert backlog_ratio(q, lookup) == (60 + 0) / (20 + 20)
+    assert backlog_ratio_floor(q, lookup) == (60 + 0) / (20 + 20)

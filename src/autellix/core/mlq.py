@@ -147,7 +147,7 @@ class QueuedCall:
 RANK_BITS = 40
 
 
-def backlog_ratio(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall], ProgramView]) -> float:
+def backlog_ratio(calls: Iterable[QueuedCall], view_of: ProgramLookup) -> float:
     """How long the queues' programs have waited for their service, taken
     together: the sum of their waits (finished calls' and the queued calls')
     over the sum of their service, for every program with a call in ``calls``
@@ -167,15 +167,20 @@ def backlog_ratio(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall]
     (docs/scheduling.md). Tied to the whole, the bound still lifts a program
     that fares worse than the rest and leaves the ones that wait like all the
     others."""
+    return _served_ratio(_program_totals(((call, call.wait) for call in calls), view_of))
+
+
+def _served_ratio(totals: Iterable[list[Any]]) -> float:
+    """``backlog_ratio`` of ``_program_totals``."""
     wait = service = 0.0
-    for program_wait, program_service, _, _ in _program_totals(calls, program_of):
+    for program_wait, program_service, _, _ in totals:
         if program_service > 0:
             wait += program_wait
             service += program_service
     return wait / service if service > 0 else 0.0
 
 
-def backlog_ratio_floor(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall], ProgramView]) -> float:
+def backlog_ratio_floor(calls: Iterable[QueuedCall], view_of: ProgramLookup) -> float:
     """The lowest ``backlog_ratio`` can fall to while the running calls run and the
     others wait, none arriving or leaving: a simulator that skips steps promotes
     nothing before the bound of this could be met.
@@ -186,7 +191,8 @@ def backlog_ratio_floor(calls: Iterable[QueuedCall], program_of: Callable[[Queue
     its value now towards waiting / (2 x running)."""
     wait = service = 0.0
     waiting = running = 0
-    for program_wait, program_service, program_waiting, program_running in _program_totals(calls, program_of):
+    for program_wait, program_service, program_waiting, program_running in _program_totals(
+            ((call, call.wait) for call in calls), view_of):
         if program_service > 0 or program_running:
             wait += program_wait
             service += program_service
@@ -198,21 +204,35 @@ def backlog_ratio_floor(calls: Iterable[QueuedCall], program_of: Callable[[Queue
     return min(now, waiting / (2.0 * running))
 
 
-def _program_totals(calls: Iterable[QueuedCall], program_of: Callable[[QueuedCall], ProgramView]
-                    ) -> Iterable[list[Any]]:
-    """Per program with a call in ``calls``, a subagent tree as one (``ProgramView.tree``): (wait,
-    service with unfinished calls' model time twice, calls waiting, calls running)."""
+def _program_totals(calls: Iterable[tuple[QueuedCall, float]], view_of: ProgramLookup) -> Iterable[list[Any]]:
+    """Per program with a call in ``calls`` (each with its wait), a subagent tree as one
+    (``ProgramView.tree``): (wait, service with unfinished calls' model time twice, calls
+    waiting, calls running). ``view_of`` is called once per call: pass a cache's lookup
+    (``ProgramViews``) when it is not cheap."""
     totals: dict[str, list[Any]] = {}
-    for call in calls:
-        program = program_of(call)
+    for call, call_wait in calls:
+        program = view_of(call.program_id)
         key = program.tree or call.program_id
         total = totals.get(key)
         if total is None:
             total = totals[key] = [program.wait, program.service, 0, 0]
-        total[0] += call.wait
+        total[0] += call_wait
         total[1] += 2.0 * call.model_time
         total[3 if call.running else 2] += 1
     return totals.values()
+
+
+class ProgramViews(dict[str, ProgramView]):
+    """Program views read once each: ``views[program_id]`` looks a program up on first use
+    only (one sweep reads each program's view for every one of its calls)."""
+
+    def __init__(self, lookup: ProgramLookup) -> None:
+        super().__init__()
+        self._lookup = lookup
+
+    def __missing__(self, program_id: str) -> ProgramView:
+        view = self[program_id] = self._lookup(program_id)
+        return view
 
 
 class _Queue:
@@ -372,38 +392,38 @@ class MultiLevelQueue:
         less often than it steps. Returns the calls that changed queue, so an
         engine re-keys only those."""
         self.advance(now)
-        moved: list[QueuedCall] = []
-        spec, last = self.spec, self.spec.num_queues - 1
-        check_starvation = sweep and not math.isinf(spec.beta)
-        candidates = list(self._calls.values() if sweep else self._charged.values())
+        charged = list(self._charged.values())
         self._charged.clear()
-        views: dict[str, ProgramView] = {}  # one lookup per program, not per call
-
-        def program_of(call: QueuedCall) -> ProgramView:
-            view = views.get(call.program_id)
-            if view is None:
-                view = views[call.program_id] = self._lookup(call.program_id)
-            return view
-
+        if not sweep:
+            return [call for call in charged if self._demote_spent(call)]
+        moved: list[QueuedCall] = []
+        spec = self.spec
+        check_starvation = not math.isinf(spec.beta)
+        candidates = list(self._calls.values())
+        views = ProgramViews(self._lookup)  # one lookup per program, not per call
+        levels: dict[str, int] = {}  # the level of each program's priority, once per program
+        # QueuedCall.wait, read once per call: a sweep visits every call twice
+        clock = self._shared_clock[0]
+        waits = [max(0.0, clock - call.wait_origin - call.model_time) for call in candidates]
         if check_starvation:
-            self.starvation_bound = spec.starvation_bound(backlog_ratio(candidates, program_of))
+            self.starvation_bound = spec.starvation_bound(
+                _served_ratio(_program_totals(zip(candidates, waits, strict=True), views.__getitem__)))
         bound = self.starvation_bound
-        for call in candidates:
-            if call.quantum_left <= 0:  # demotion; the last queue round-robins
-                call.demotions += 1
-                call.promoted = False
-                self._move(call, min(call.level + 1, last))
+        for call, call_wait in zip(candidates, waits, strict=True):
+            if self._demote_spent(call):
                 moved.append(call)
-            elif sweep and call.steps == 0 and not call.promoted and self.places_by_priority:
+            elif call.steps == 0 and not call.promoted and self.places_by_priority:
                 # Not started yet: follow the program's priority as it moves, so all
                 # waiting calls of one program sit at one level (ATLAS's shared priority).
-                level = spec.level_for(program_of(call).priority)
+                level = levels.get(call.program_id)
+                if level is None:
+                    level = levels[call.program_id] = spec.level_for(views[call.program_id].priority)
                 if level != call.level:
                     self._move(call, level)
                     moved.append(call)
             if check_starvation and call.level > 0:
-                program = program_of(call)
-                wait = program.wait + call.wait
+                program = views[call.program_id]
+                wait = program.wait + call_wait
                 service = program.service + call.model_time
                 if wait > 0 and (service <= 0 or wait >= bound * service):
                     call.wait_origin, call.model_time = now, 0.0
@@ -414,6 +434,15 @@ class MultiLevelQueue:
                     self._move(call, 0, by_arrival=True)
                     moved.append(call)
         return moved
+
+    def _demote_spent(self, call: QueuedCall) -> bool:
+        """Demote the call if it has used its queue's quantum (the last queue round-robins)."""
+        if call.quantum_left > 0:
+            return False
+        call.demotions += 1
+        call.promoted = False
+        self._move(call, min(call.level + 1, self.spec.num_queues - 1))
+        return True
 
     def form_batch(self, fits: Callable[[QueuedCall], bool]) -> list[QueuedCall]:
         """Walk Q1..QK in order and take calls until the first that does not fit.
@@ -435,11 +464,13 @@ class MultiLevelQueue:
         self._set_running([c for i in call_ids if (c := self._calls.get(i)) is not None])
 
     def _set_running(self, calls: list[QueuedCall]) -> None:
-        for call in self._running.values():
-            call.running = False
-        self._running = {c.call_id: c for c in calls}
-        for call in calls:
-            call.running = True
+        # Flags change only for calls that start or stop: step to step, most keep running.
+        before, after = self._running, {c.call_id: c for c in calls}
+        for call_id in before.keys() - after.keys():
+            before[call_id].running = False
+        for call_id in after.keys() - before.keys():
+            after[call_id].running = True
+        self._running = after
 
     # ---- checks -----------------------------------------------------------
     def check_invariants(self) -> None:

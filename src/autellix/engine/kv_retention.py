@@ -235,6 +235,11 @@ class PrefixRetention:
                                       "block_size": float(self.block_size)}
 
 
+#: vLLM's own ``allocate_slots``, called directly (not through ``super()``): it runs for every
+#: running request every step.
+_ALLOCATE_SLOTS = KVCacheManager.allocate_slots
+
+
 class RetainingKVCacheManager(KVCacheManager):
     """vLLM's KV cache manager whose allocations take held prefixes back when blocks run short.
 
@@ -255,12 +260,13 @@ class RetainingKVCacheManager(KVCacheManager):
         return manager
 
     def allocate_slots(self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        while True:
-            blocks = super().allocate_slots(request, num_new_tokens, *args, **kwargs)
-            if blocks is not None:
-                return blocks
+        blocks = _ALLOCATE_SLOTS(self, request, num_new_tokens, *args, **kwargs)
+        while blocks is None:
             wanted = -(-(request.num_computed_tokens + num_new_tokens) // self.retention.block_size)
             shortfall = wanted - len(self.get_blocks(request.request_id).blocks[0]) \
                 - self.block_pool.get_num_free_blocks()
             if not self.retention.give_back(shortfall, self.clock()):
                 return None
+            blocks = _ALLOCATE_SLOTS(self, request, num_new_tokens, *args, **kwargs)
+        return blocks
+

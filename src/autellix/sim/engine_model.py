@@ -59,7 +59,7 @@ from typing import Any
 from autellix.core import SchedulerConfig
 from autellix.core.engine_load import EngineLoad
 from autellix.core.kv_retention import Retention, RetentionCosts, RetentionLedger
-from autellix.core.mlq import ProgramView, QueuedCall, backlog_ratio_floor
+from autellix.core.mlq import ProgramViews, backlog_ratio_floor
 from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.sim.cost_model import StepCost
@@ -841,22 +841,15 @@ class EngineModel:
         queue = self.planner.queue
         if math.isinf(queue.spec.beta):
             return math.inf
-        views: dict[str, ProgramView] = {}
-
-        def program_of(call: QueuedCall) -> ProgramView:
-            view = views.get(call.program_id)
-            if view is None:
-                view = views[call.program_id] = self.planner.program_view(call.program_id)
-            return view
-
+        views = ProgramViews(self.planner.program_view)
         # never later than beta's time either: with no backlog factor this is the bound's floor
-        bound = min(queue.spec.beta, queue.spec.starvation_bound(backlog_ratio_floor(queue, program_of)))
+        bound = min(queue.spec.beta, queue.spec.starvation_bound(backlog_ratio_floor(queue, views.__getitem__)))
         first = math.inf
         for _, seq in self._waiting:
             call = queue.get(seq.req.request_id)
             if call is None or call.level == 0:
                 continue
-            view = program_of(call)
+            view = views[call.program_id]
             # wait(t) = t - wait_origin - model_time
             at = call.wait_origin + call.model_time + bound * (view.service + call.model_time) - view.wait
             first = min(first, at)
