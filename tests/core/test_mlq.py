@@ -208,3 +208,27 @@ def test_the_backlog_counts_a_subagent_trees_totals_once():
     lookup = lookup_from(programs)
     assert backlog_ratio(q, lookup) == (60 + 0) / (20 + 20)
     assert backlog_ratio_floor(q, lookup) == (60 + 0) / (20 + 20)
+
+
+def test_a_new_programs_round_of_calls_does_not_take_the_slots_ahead_of_a_program_with_a_little_service():
+    """Attained service counts a call once it has finished: without what its calls in
+    flight have committed it to, a program that opens eight calls at once ranks as one
+    that has had no service until the first finishes, and its round runs ahead of a
+    single-threaded program that has had one short call."""
+    from autellix.core import PLAS, ProcessTable
+
+    table = ProcessTable(PLAS())
+    spec = QueueSpec(boundaries=(0.5, 1.0, 2.0, 4.0, 8.0), quanta=(math.inf,) * 6, beta=4.0)
+    q = MultiLevelQueue(spec, table.view)
+    table.start("chat", now=0.0)
+    table.call_arrived("chat", "chat0", now=0.0)
+    table.call_finished("chat", "chat0", now=1.0, model_time=1.0)
+    table.start("wide", now=1.0)
+    for i in range(8):
+        table.call_arrived("wide", f"wide{i}", now=1.0)
+        q.add(f"wide{i}", "wide", now=1.0)
+    table.call_arrived("chat", "chat1", now=1.0)
+    q.add("chat1", "chat", now=1.0)
+    q.rebalance(1.1)  # the wide program's waiting calls follow its priority; none has waited long
+    assert q.form_batch(take(2))[0].call_id == "chat1"
+    assert not any(c.promoted for c in q)

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autellix.cli import app
-from autellix.core import SchedulerConfig
+from autellix.core import ProcessTable, SchedulerConfig
 from autellix.engine.tiny_model import build_tiny_model
 from autellix.sim.cost_model import StepCost
 from autellix.sim.engine_model import EngineModel, EngineProfile
@@ -251,7 +251,12 @@ def test_width_aware_atlas_keeps_wide_programs_from_buying_priority(monkeypatch:
         chats = [p.token_latency for p in run.result.programs if p.program_id.startswith("c")]
         return sum(chats) / len(chats)
 
+    committed = chat_latency()
+    # the charge rules alone: a round's calls in flight commit no service (``ProcessTable.view``)
+    monkeypatch.setattr(ProcessTable, "_commitment", lambda self, in_flight: 0.0)
     width_aware = chat_latency()
     monkeypatch.setitem(policies._BY_NAME, "atlas", PaperATLAS)
     paper = chat_latency()
     assert width_aware < 0.5 * paper
+    # charging a round as it starts keeps its calls out of Q1 until the first finishes
+    assert committed < 0.9 * width_aware

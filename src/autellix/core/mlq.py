@@ -3,7 +3,8 @@
 K queues Q1..QK (index 0..K-1 here). A call enters the queue whose service range
 holds its program's priority (or Q1 for program-agnostic policies), runs FCFS
 inside it, is demoted when it has used its queue's quantum, and is promoted back
-to Q1 when its program's wait over its service reaches the starvation bound, which
+to Q1 when its program's wait over its service (attained and committed:
+``ProgramView.charged``) reaches the starvation bound, which
 follows the queues' programs taken together (``QueueSpec.starvation_bound`` over
 ``backlog_ratio``: docs/scheduling.md, "A starvation bound that follows the
 backlog"). A promoted call
@@ -79,12 +80,20 @@ class QueueSpec:
 class ProgramView(NamedTuple):
     """What the queue needs to know of a call's program, read live."""
 
-    priority: float  #: the program's current priority (attained service)
+    priority: float  #: the program's current priority (attained service, and ``committed``)
     wait: float  #: queued time of its finished calls
-    service: float  #: attained service, the anti-starvation denominator
+    service: float  #: attained service
     #: The program whose totals these are when several share them (a subagent's tree root):
     #: ``backlog_ratio`` counts them once. Empty: the call's own program.
     tree: str = ""
+    #: Service its calls in flight beside the first have committed it to, not yet attained
+    #: (``ProcessTable.view``): part of its priority and of its anti-starvation denominator.
+    committed: float = 0.0
+
+    @property
+    def charged(self) -> float:
+        """The anti-starvation denominator: attained and committed service."""
+        return self.service + self.committed
 
 
 #: Looks a program up by id. Engines without a process table answer from the
@@ -215,7 +224,7 @@ def _program_totals(calls: Iterable[tuple[QueuedCall, float]], view_of: ProgramL
         key = program.tree or call.program_id
         total = totals.get(key)
         if total is None:
-            total = totals[key] = [program.wait, program.service, 0, 0]
+            total = totals[key] = [program.wait, program.charged, 0, 0]
         total[0] += call_wait
         total[1] += 2.0 * call.model_time
         total[3 if call.running else 2] += 1
@@ -414,17 +423,19 @@ class MultiLevelQueue:
                 moved.append(call)
             elif call.steps == 0 and not call.promoted and self.places_by_priority:
                 # Not started yet: follow the program's priority as it moves, so all
-                # waiting calls of one program sit at one level (ATLAS's shared priority).
+                # waiting calls of one program sit at one level (ATLAS's shared priority),
+                # each at the place its arrival gives it: at the tail, the calls that had
+                # waited would fall behind a sibling placed there on arrival.
                 level = levels.get(call.program_id)
                 if level is None:
                     level = levels[call.program_id] = spec.level_for(views[call.program_id].priority)
                 if level != call.level:
-                    self._move(call, level)
+                    self._move(call, level, by_arrival=True)
                     moved.append(call)
             if check_starvation and call.level > 0:
                 program = views[call.program_id]
                 wait = program.wait + call_wait
-                service = program.service + call.model_time
+                service = program.charged + call.model_time
                 if wait > 0 and (service <= 0 or wait >= bound * service):
                     call.wait_origin, call.model_time = now, 0.0
                     call.promoted = True

@@ -30,6 +30,9 @@ from typing import Any
 from autellix.core.mlq import ProgramView
 from autellix.core.policies.base import Policy
 
+#: How many recent calls ``ProcessTable.call_time`` follows.
+CALL_TIME_WINDOW = 20
+
 
 class UnknownProgram(KeyError):
     """No live program has this id (never started, ended, or expired)."""
@@ -93,6 +96,9 @@ class ProgramEntry:
     tree_path: float = 0.0
     #: On a tree's root: its live subagents, at any depth.
     members: set[str] = field(default_factory=set)
+    #: On a tree's root: the highest priority it has had since it last had no call in
+    #: flight (``ProcessTable.view``), 0 while it has none.
+    round_priority: float = 0.0
 
     @property
     def last_activity(self) -> float:
@@ -146,6 +152,9 @@ class ProcessTable:
         self.policy = policy
         self.idle_ttl = idle_ttl
         self._programs: dict[str, ProgramEntry] = {}
+        #: A typical call's model time: the moving average of finished calls' (0 before the first).
+        self.call_time = 0.0
+        self._calls_timed = 0
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -217,13 +226,47 @@ class ProcessTable:
 
     def priority(self, program_id: str) -> float:
         """The priority every active call of the program (and of its whole tree) shares right now."""
-        return self.tree_root(self[program_id]).tree_service
+        return self.view(program_id).priority
 
     def view(self, program_id: str) -> ProgramView:
-        """What the multi-level queue reads for placement and anti-starvation: the tree's totals."""
+        """What the multi-level queue reads for placement and anti-starvation: the tree's totals,
+        and the service its calls in flight have committed it to (``committed``)."""
         root = self.tree_root(self[program_id])
-        return ProgramView(priority=root.tree_service, wait=root.tree_waiting, service=root.tree_service,
-                           tree=root.program_id)
+        in_flight = self.in_flight(root)
+        service = root.tree_service
+        priority = service + self._commitment(in_flight)
+        if in_flight and root.round_priority > priority:
+            priority = root.round_priority
+        return ProgramView(priority=priority, wait=root.tree_waiting, service=service,
+                           tree=root.program_id, committed=priority - service)
+
+    def in_flight(self, root: ProgramEntry) -> int:
+        """Calls in flight across the tree of ``root``: its own and its live members'. An
+        engine's table knows the gateway's trees by name only and counts its own way
+        (``autellix.engine.planner``)."""
+        if not root.members:
+            return len(root.active)
+        return len(root.active) + sum(len(member.active) for member_id in root.members
+                                      if (member := self._programs.get(member_id)) is not None)
+
+    def _commitment(self, in_flight: int) -> float:
+        """Service a tree's ``in_flight`` calls beside the first will take: one typical call's
+        (``call_time``) each. Attained service counts a call only once it has finished, so
+        a program that opens a round of 16 calls would rank, until the first of them
+        finishes, as a program that has had none, and its round would take every
+        slot ahead of single-threaded programs that have had a little."""
+        return (in_flight - 1) * self.call_time if in_flight > 1 else 0.0
+
+    def _hold_round(self, entry: ProgramEntry) -> None:
+        """While a tree has calls in flight its priority never falls: a call that finishes
+        under the typical time would otherwise lift the round's waiting calls ahead of
+        its running ones, and the engine would preempt the program's own calls."""
+        root = self.tree_root(entry)
+        in_flight = self.in_flight(root)
+        if in_flight:
+            root.round_priority = max(root.round_priority, root.tree_service + self._commitment(in_flight))
+        else:
+            root.round_priority = 0.0
 
     # ---- calls ------------------------------------------------------------
     def call_arrived(
@@ -238,6 +281,7 @@ class ProcessTable:
         entry.last_arrival = now
         if engine is not None:
             entry.engines.add(engine)
+        self._hold_round(entry)
         return call
 
     def call_routed(self, program_id: str, call_id: str, engine: str) -> None:
@@ -263,6 +307,7 @@ class ProcessTable:
         entry = self[program_id]
         call = self._active(entry, call_id)
         del entry.active[call_id]
+        self._time_call(model_time)
         before = entry.service
         entry.service = self.policy.attained_service(entry.service, call.inherited, model_time)
         entry.critical_path = max(entry.critical_path, call.inherited_path + model_time)
@@ -276,7 +321,15 @@ class ProcessTable:
         entry.prompt_tokens += prompt_tokens
         entry.completion_tokens += completion_tokens
         entry.last_finish = now
+        self._hold_round(entry)
         return entry
+
+    def _time_call(self, model_time: float) -> None:
+        """``call_time``: the mean of the first calls, then an exponential average over about
+        the last ``CALL_TIME_WINDOW`` calls, so it follows the mix as it changes."""
+        self._calls_timed += 1
+        weight = 1.0 / min(self._calls_timed, CALL_TIME_WINDOW)
+        self.call_time += weight * (model_time - self.call_time)
 
     def call_aborted(self, program_id: str, call_id: str, now: float, *, wait: float = 0.0) -> ProgramEntry:
         """The call left without a result: its queueing counts, no service is earned."""
@@ -289,6 +342,7 @@ class ProcessTable:
             root.subtree_waiting += max(wait, 0.0)
         entry.calls_aborted += 1
         entry.last_finish = now
+        self._hold_round(entry)
         return entry
 
     @staticmethod

@@ -23,7 +23,9 @@ from typing import Any
 
 from autellix.core import MultiLevelQueue, ProcessTable, SchedulerConfig, policy_by_name
 from autellix.core.mlq import ProgramView, QueuedCall
+from autellix.core.policies.base import Policy
 from autellix.core.preemption import PreemptionRule, SlotTurnover, preemption_victims
+from autellix.core.process_table import ProgramEntry
 from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_TREE, XARG_WAIT, CallRecord
 
 #: How often the planner sweeps every queued call for anti-starvation promotion
@@ -81,15 +83,45 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+class _EngineTable(ProcessTable):
+    """An engine's process table: it knows the gateway's subagent trees by name only
+    (``XARG_TREE``), and counts a tree's calls in flight over the members it has seen."""
+
+    def __init__(self, policy: Policy, *, idle_ttl: float) -> None:
+        super().__init__(policy, idle_ttl=idle_ttl)
+        #: The gateway's subagent tree of each program that has one, and each tree's programs here.
+        self.trees: dict[str, str] = {}
+        self._members: dict[str, set[str]] = {}
+
+    def join(self, program_id: str, tree: str) -> None:
+        if self.trees.get(program_id) != tree:
+            self.forget(program_id)
+            self.trees[program_id] = tree
+            self._members.setdefault(tree, set()).add(program_id)
+
+    def forget(self, program_id: str) -> None:
+        tree = self.trees.pop(program_id, None)
+        if tree is not None:
+            members = self._members[tree]
+            members.discard(program_id)
+            if not members:
+                del self._members[tree]
+
+    def in_flight(self, root: ProgramEntry) -> int:
+        tree = self.trees.get(root.program_id)
+        if tree is None:
+            return super().in_flight(root)
+        return sum(len(entry.active) for program_id in self._members[tree]
+                   if (entry := self.get(program_id)) is not None)
+
+
 class CallPlanner:
     """The queues and program table of one engine."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.policy = policy_by_name(config.policy)
-        self.table = ProcessTable(self.policy, idle_ttl=config.program_idle_ttl)
-        #: The gateway's subagent tree of each program that has one (the engine's table knows no trees).
-        self._trees: dict[str, str] = {}
+        self.table = _EngineTable(self.policy, idle_ttl=config.program_idle_ttl)
         self.queue = MultiLevelQueue(self.policy.queues(config), self.program_view,
                                      places_by_priority=self.policy.places_by_priority)
         self._identity: dict[str, CallIdentity] = {}
@@ -111,7 +143,7 @@ class CallPlanner:
         """The program as the queues read it, with its tree when the gateway named one: the
         members of one tree then count once in the backlog (``core.mlq.backlog_ratio``)."""
         view = self.table.view(program_id)
-        tree = self._trees.get(program_id)
+        tree = self.table.trees.get(program_id)
         return view._replace(tree=tree) if tree is not None else view
 
     def rank(self, call_id: str) -> int:
@@ -127,9 +159,9 @@ class CallPlanner:
             entry.service = max(entry.service, who.service)
         if who.wait is not None:
             entry.waiting = max(entry.waiting, who.wait)
+        if who.tree is not None:  # before the call counts in its tree's calls in flight
+            self.table.join(who.program_id, who.tree)
         self.table.call_arrived(who.program_id, call_id, now, thread_id=who.thread_id)
-        if who.tree is not None:
-            self._trees[who.program_id] = who.tree
         self._identity[call_id] = who
         return self.queue.add(call_id, who.program_id, now)
 
@@ -148,7 +180,7 @@ class CallPlanner:
         self.turnover.departed()
         if self._left % 256 == 0:  # programs that went quiet leave the table
             for entry in self.table.expire(now):
-                self._trees.pop(entry.program_id, None)
+                self.table.forget(entry.program_id)
         return CallRecord(call=who.gateway_call, program=who.program_id, finished=finished,
                           service_s=call.total_model_time, wait_s=call.total_wait, steps=call.steps,
                           promotions=call.promotions, demotions=call.demotions,

@@ -851,7 +851,7 @@ class EngineModel:
                 continue
             view = views[call.program_id]
             # wait(t) = t - wait_origin - model_time
-            at = call.wait_origin + call.model_time + bound * (view.service + call.model_time) - view.wait
+            at = call.wait_origin + call.model_time + bound * (view.charged + call.model_time) - view.wait
             first = min(first, at)
         return first
 

@@ -1,0 +1,32 @@
+"""The engine's call planner: a subagent tree's calls in flight, counted by the tree's name."""
+
+import pytest
+
+from autellix.core import SchedulerConfig
+from autellix.engine.planner import CallIdentity, CallPlanner
+
+
+def planner_with_a_typical_call_of(seconds: float) -> CallPlanner:
+    planner = CallPlanner(SchedulerConfig())
+    planner.arrive("x0", CallIdentity("x"), 0.0)
+    planner.started(["x0"])
+    planner.step_done(seconds)
+    planner.leave("x0", seconds, finished=True)
+    assert planner.table.call_time == pytest.approx(seconds)
+    return planner
+
+
+def test_calls_in_flight_of_one_gateway_tree_commit_it_together():
+    planner = planner_with_a_typical_call_of(2.0)
+    planner.arrive("a0", CallIdentity("root/a", tree="root", service=1.0), 3.0)
+    assert planner.program_view("root/a").committed == 0.0
+    planner.arrive("b0", CallIdentity("root/b", tree="root", service=1.0), 3.0)
+    planner.arrive("c0", CallIdentity("root/c", tree="root", service=1.0), 3.0)
+    for program_id in ("root/a", "root/b", "root/c"):  # three of one tree: two beside the first
+        view = planner.program_view(program_id)
+        assert (view.tree, view.service, view.committed, view.priority) == ("root", 1.0, 4.0, 5.0)
+    planner.arrive("l0", CallIdentity("lone", service=1.0), 3.0)  # a program of its own commits nothing
+    assert planner.program_view("lone").committed == 0.0
+    for call_id in ("a0", "b0", "c0"):
+        planner.leave(call_id, 4.0, finished=False)
+    assert planner.program_view("root/a").committed == 0.0  # the round is over
