@@ -11,7 +11,8 @@ client-side PLAS, and the simulator shows the same: ``docs/scheduling.md``).
 
 Here a program's priority against other programs is its total attained service
 (the sum of its calls' model time, what PLAS charges): the engine time all its
-parallel calls took. ATLAS's two points survive:
+parallel calls took, and, while a round of them is in flight, what the round has
+committed it to (``ProcessTable.view``, PLAS alike). ATLAS's two points survive:
 
 * **Calls of one program go in critical-path order.** The process table keeps
   the critical path as well (``ProgramEntry.critical_path``, updated by the
