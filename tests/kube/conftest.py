@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -22,8 +23,8 @@ from aiohttp import web
 from autellix.gateway.compose import create_app
 from autellix.gateway.config import GatewayConfig
 from autellix.gateway.parts import GATEWAY_KEY
+from autellix.kube.context import OperatorConfig
 from autellix.kube.endpoints import endpoint_pods
-from autellix.kube.handlers import OperatorConfig
 from autellix.kube.kubeapi import KubeApi
 from autellix.kube.run import run_operator
 from tests.kube.kmock_cluster import Cluster
@@ -86,11 +87,27 @@ async def api(cluster: Cluster) -> AsyncIterator[KubeApi]:
     await client.close()
 
 
-class Gateway:
-    """A real gateway (the app ``autellix gateway`` serves) on a local port; engines from a callable."""
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
-    def __init__(self, urls: Callable[[], set[str]]) -> None:
+
+async def events_about(api: KubeApi, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Events whose involvedObject is ``obj`` (what ``kubectl describe`` lists), oldest first."""
+    meta = obj["metadata"]
+    found = await api.list(f"/api/v1/namespaces/{meta['namespace']}/events")
+    return sorted((e for e in found if e.get("involvedObject", {}).get("uid") == meta["uid"]),
+                  key=lambda e: e["metadata"]["resourceVersion"].zfill(12))
+
+
+class Gateway:
+    """A real gateway (the app ``autellix gateway`` serves) on a local port (any free one unless given);
+    engines from a callable."""
+
+    def __init__(self, urls: Callable[[], set[str]], port: int = 0, admin_port: int = 0) -> None:
         self._urls = urls
+        self._port, self._admin_port = port, admin_port
         self.url = ""
         #: Its admin listener (engines, drain, sessions on a tenant's behalf): the operator's way in.
         self.admin_url = ""
@@ -103,10 +120,10 @@ class Gateway:
         return None
 
     async def __aenter__(self) -> Gateway:
-        self.app = create_app(GatewayConfig(discovery=self, poll_interval=0.1, admin_port=0))
+        self.app = create_app(GatewayConfig(discovery=self, poll_interval=0.1, admin_port=self._admin_port))
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self._port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
@@ -135,7 +152,8 @@ async def gateway(cluster: Cluster) -> AsyncIterator[Gateway]:
         yield gw
 
 
-OperatorFactory = Callable[..., Awaitable[None]]
+#: Starts an operator with OperatorConfig's fields; returns what stops it (the test's end stops it otherwise).
+OperatorFactory = Callable[..., Awaitable[Callable[[], Awaitable[None]]]]
 
 
 @pytest_asyncio.fixture
@@ -153,10 +171,15 @@ async def operator(cluster: Cluster, api: KubeApi) -> AsyncIterator[OperatorFact
         settings.networking.request_timeout = 10
         settings.watching.reconnect_backoff = 0.1
         settings.queueing.exit_timeout = 2
-        settings.posting.level = 40  # events only for errors: less traffic in the emulator
 
-    async def start(**config: Any) -> None:
-        stop, ready, errors = threading.Event(), threading.Event(), []
+    async def stop(thread: threading.Thread, flag: threading.Event, errors: list[BaseException]) -> None:
+        flag.set()
+        await asyncio.to_thread(thread.join, 15)
+        assert not thread.is_alive(), "the operator did not stop"
+        assert not errors, errors
+
+    async def start(**config: Any) -> Callable[[], Awaitable[None]]:
+        flag, ready, errors = threading.Event(), threading.Event(), []
         options = {"retry_backoff": 0.3, "autoscale_interval": 0.2, "program_poll_interval": 0.2,
                    "gateway_url": "http://127.0.0.1:9", **config}  # no gateway unless the test starts one
         # the operator reaches a test's gateway through its admin listener, as in the chart
@@ -164,7 +187,7 @@ async def operator(cluster: Cluster, api: KubeApi) -> AsyncIterator[OperatorFact
 
         async def main() -> None:
             await run_operator(OperatorConfig(**options), api=KubeApi.for_server(server), login=login, tune=tune,
-                               stop_flag=stop, ready_flag=ready)
+                               stop_flag=flag, ready_flag=ready)
 
         def run() -> None:
             try:
@@ -175,17 +198,15 @@ async def operator(cluster: Cluster, api: KubeApi) -> AsyncIterator[OperatorFact
 
         thread = threading.Thread(target=run, name="operator", daemon=True)
         thread.start()
-        started.append((thread, stop, errors))
+        started.append((thread, flag, errors))
         await asyncio.to_thread(ready.wait, 30)
         if errors:
             raise errors[0]
+        return lambda: stop(thread, flag, errors)
 
     yield start
-    for thread, stop, errors in started:
-        stop.set()
-        await asyncio.to_thread(thread.join, 15)
-        assert not thread.is_alive(), "the operator did not stop"
-        assert not errors, errors
+    for thread, flag, errors in started:
+        await stop(thread, flag, errors)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from autellix.kube.kubeapi import KubeApi
 from autellix.kube.manifests import POD_DELETION_COST
-from tests.kube.conftest import NAMESPACE, Gateway, OperatorFactory, eventually
+from tests.kube.conftest import NAMESPACE, Gateway, OperatorFactory, events_about, eventually
 from tests.kube.fake_engine import FakeEngine, endpoint_slice
 from tests.kube.kmock_cluster import Cluster
 
@@ -134,6 +135,17 @@ async def test_replicas_follow_load_within_bounds_without_flapping(
     assert history[-1] == 1 and len(controllers.removed) == 2
     for engine in controllers.removed:  # never an engine with work: drained and idle in the gateway
         assert engine.get("draining") is True and engine["inflight"] == 0 and engine["load"] == 0, engine
+
+    # `kubectl describe` tells the story: each scaling with the load that decided it, each drained engine.
+    events = await events_about(api, await api.get(f"/apis/autellix.ai/v1alpha1/namespaces/{NAMESPACE}/"
+                                                  f"autellixengines/{NAME}"))
+    scaled = [e["message"] for e in events if e["reason"] == "Scaled"]
+    assert scaled[0] == "Scaled from 1 to 3 engines: load 25 (running + waiting calls) at a target of 10 per engine."
+    assert re.match(r"Scaled from [23] to 1 engines: load 0 .*; removing drained, idle http", scaled[-1]), scaled
+    drained = [e["message"] for e in events if e["reason"] == "Drained"]
+    for engine in controllers.removed:
+        assert any(f"Engine {engine['url']} (pod " in m for m in drained), (engine, drained)
+    assert {e["type"] for e in events if e["reason"] in ("Scaled", "Drained")} == {"Normal"}
 
 
 async def _equals(controllers: Controllers, replicas: int, settled: bool = False) -> bool:

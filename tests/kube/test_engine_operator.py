@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 
 from autellix.kube import FINALIZER
 from autellix.kube.kubeapi import KubeApi
-from tests.kube.conftest import NAMESPACE, OperatorFactory, eventually
+from tests.kube.conftest import NAMESPACE, OperatorFactory, events_about, eventually
 from tests.kube.kmock_cluster import Cluster
 
 pytestmark = pytest.mark.asyncio
@@ -60,6 +61,16 @@ async def test_create_update_delete_drive_deployment_and_service(
         return obj if ok and condition(obj, "Reconciled")["status"] == "True" else None
 
     await eventually(lambda: status_says(0, "EnginesStarting"), what="status: 0/2 ready")
+    # One pod made, not ready yet: status.replicas (and the scale subresource, what an HPA reads) counts it.
+    await api.merge_patch(f"{DEPLOYMENTS}/llama/status", {"status": {"replicas": 1}})
+
+    async def pods_counted() -> dict[str, Any] | None:
+        scale = await api.get(engine_path("llama", "scale"))
+        return scale if scale["status"]["replicas"] == 1 else None
+
+    scale = await eventually(pods_counted, what="the scale subresource counting the pod")
+    assert scale["spec"]["replicas"] == 2
+    assert (await api.get(engine_path("llama")))["status"]["readyReplicas"] == 0
     # The cluster's Deployment controller reports the pods ready: the engine's status follows.
     await api.merge_patch(f"{DEPLOYMENTS}/llama/status", {"status": {"readyReplicas": 2, "replicas": 2}})
     ready = await eventually(lambda: status_says(2, "EnginesReady"), what="status: 2/2 ready")
@@ -78,6 +89,11 @@ async def test_create_update_delete_drive_deployment_and_service(
 
     # No finalizer on an engine: deleting one never waits for an operator.
     assert not (await api.get(engine_path("llama")))["metadata"].get("finalizers")
+    # What `kubectl describe` shows: each change the operator made, as an Event on the engine.
+    applied = [e for e in await events_about(api, created) if e["reason"] == "Applied"]
+    assert applied[0]["type"] == "Normal" and applied[0]["message"] == (
+        "Deployment llama created, Service llama created, PodDisruptionBudget llama created.")
+    assert any(e["message"] == "Deployment llama patched." for e in applied[1:]), applied
 
     # Delete: the garbage collector takes the children with their owner.
     await api.delete(engine_path("llama"))
@@ -135,6 +151,13 @@ async def test_invalid_spec_is_reported_in_status(
     assert await api.get(f"{DEPLOYMENTS}/bad") is None
     # `kubectl get axe` shows the reason in its STATUS column (the Ready condition's reason)
     assert condition(await api.get(engine_path("bad")), "Ready")["reason"] == "InvalidSpec"
+    # ... and `kubectl describe` one Warning, however often the engine is handled again while it lasts
+    for touch in range(3):
+        await api.merge_patch(engine_path("bad"), {"metadata": {"labels": {"touched": str(touch)}}})
+    await asyncio.sleep(1.0)
+    events = await events_about(api, await api.get(engine_path("bad")))
+    assert [(e["type"], e["message"]) for e in events if e["reason"] == "InvalidSpec"] == [
+        ("Warning", f"Invalid spec: {cond['message']}")]
 
 
 async def test_a_child_name_taken_by_someone_else_is_not_taken_over(
@@ -152,6 +175,18 @@ async def test_a_child_name_taken_by_someone_else_is_not_taken_over(
     cond = await eventually(refused, what="Reconciled=False NameTaken")
     assert cond["status"] == "False" and cond["message"].startswith("Service 'taken' exists and belongs to")
     assert (await api.get(f"{SERVICES}/taken"))["spec"]["ports"] == [{"name": "web", "port": 80}]
+    await asyncio.sleep(1.0)  # the engines' pass tries again every 0.2 s: one Warning all the same
+    events = await events_about(api, await api.get(engine_path("taken")))
+    assert [e["type"] for e in events if e["reason"] == "NameTaken"] == ["Warning"]
+
+    # The Service goes: the next pass applies the engine's own.
+    await api.delete(f"{SERVICES}/taken")
+
+    async def applied() -> bool:
+        return condition(await api.get(engine_path("taken")), "Reconciled")["reason"] == "Applied"
+
+    await eventually(applied, what="Reconciled=True Applied")
+    assert (await api.get(f"{SERVICES}/taken"))["spec"]["ports"][0]["port"] == 8000
 
 
 async def test_scale_subresource_drives_the_deployment(

@@ -25,7 +25,8 @@ def example(name: str) -> dict[str, Any]:
 def target_engine(target: dict[str, Any]) -> dict[str, Any]:
     """The example AutellixEngine a scaleTargetRef names; its built-in autoscaler is off."""
     assert (target["apiVersion"], target["kind"]) == ("autellix.ai/v1alpha1", "AutellixEngine")
-    engines = [yaml.safe_load(p.read_text()) for p in EXAMPLES.glob("engine-*.yaml")]
+    engines = [obj for p in EXAMPLES.glob("engine-*.yaml") for obj in yaml.safe_load_all(p.read_text())
+               if obj and obj.get("kind") == "AutellixEngine"]
     (engine,) = [e for e in engines if e["metadata"]["name"] == target["name"]]
     assert not parse_engine(engine["spec"]).autoscaling.enabled
     return engine
@@ -40,7 +41,7 @@ def test_hpa_example_is_valid_and_targets_an_engine(version: str) -> None:
     assert external_autoscalers([hpa], engine["metadata"]["name"], GROUP) == [hpa["metadata"]["name"]]
     # the HPA needs the scale subresource's selector (status.selector) to count the engine's pods
     scale = load_crd("AutellixEngine")["spec"]["versions"][0]["subresources"]["scale"]
-    assert scale == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.readyReplicas",
+    assert scale == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
                      "labelSelectorPath": ".status.selector"}
 
 

@@ -149,3 +149,31 @@ async def test_one_replica_reconciles_and_the_other_takes_over_when_it_dies(
         return replicas.handled("op-b") > 0
 
     await eventually(reconciled_by_b, timeout=5, what="op-b's handler log")
+
+
+@pytest.mark.asyncio
+async def test_sigterm_stops_a_standby_replica_and_the_leader_alike(cluster: Cluster, api: KubeApi,
+                                                                    replicas: Replicas) -> None:
+    """What the kubelet sends a pod it deletes: each replica exits at once and cleanly, the leader handing
+    the Lease back. A standby waiting for the Lease runs no kopf, whose signal handlers the leader has; in a
+    container it is PID 1, which the kernel spares any signal without a handler, so it would sit out the
+    pod's whole grace period (and hold up a namespace's deletion that long)."""
+    await api.create(LEASE.rsplit("/", 1)[0], {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                               "metadata": {"name": "autellix-operator", "namespace": NAMESPACE}})
+    replicas.start("op-a")
+
+    async def held_by_a() -> bool:
+        return ((await api.get(LEASE)).get("spec") or {}).get("holderIdentity") == "op-a"
+
+    await eventually(held_by_a, timeout=30, what="op-a to take the Lease")
+    replicas.start("op-b")
+
+    async def standing_by() -> bool:
+        return any(agent == "autellix-operator (op-b)" for agent, *_ in cluster.requests)
+
+    await eventually(standing_by, timeout=30, what="op-b to stand by")
+    for name in ("op-b", "op-a"):
+        replicas.procs[name].send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(replicas.procs[name].wait, 10)
+        assert code == 0, replicas.log(name).read_text()[-2000:]
+    assert (await api.get(LEASE))["spec"]["holderIdentity"] == ""  # handed back: a new leader takes it at once

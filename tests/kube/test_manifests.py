@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from redis.connection import parse_url
 
 from autellix.core import SchedulerConfig
 from autellix.kube.diff import covers, drifted
@@ -20,13 +23,21 @@ from autellix.kube.manifests import (
     engine_children,
     engine_deployment,
     engine_disruption_budget,
+    engine_endpoint_picker,
     engine_inference_pool,
     engine_service,
     job_outcome,
     program_job,
     selector_string,
 )
-from autellix.kube.spec import POD_FIELDS, SpecError, parse_engine, parse_program
+from autellix.kube.spec import (
+    DEFAULT_ENGINE_GPU_IMAGE,
+    DEFAULT_ENGINE_IMAGE,
+    POD_FIELDS,
+    SpecError,
+    parse_engine,
+    parse_program,
+)
 
 #: The oldest Kubernetes the chart supports and the one its helm targets.
 VERSIONS = ("1.29.0", "1.35.0")
@@ -116,6 +127,54 @@ def test_an_engines_endpoint_picker_validates_and_serves_its_pool(version: str) 
         "AUTELLIX_ENGINE_TOKEN"]["valueFrom"]
     assert [c["kind"] for c in engine_children("e", "ns", UID, spec)] == ["Deployment", "Service",
                                                                           "PodDisruptionBudget"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_pickers_store_password_comes_from_its_secret(version: str) -> None:
+    """The store wants a password: the picker gets it from the Secret, never in its manifest, and the store
+    URL names it by Kubernetes' $(VAR) expansion of the earlier env entry."""
+    spec = parse_engine(ENGINE_SPECS["hub-gpu"])
+    picker = PickerSettings(image="registry/autellix-gateway:1", store_url="redis://demo-store.autellix.svc:6379/0",
+                            store_password_secret="demo-autellix-store-password")
+    deployment = engine_endpoint_picker("e", "ns", UID, spec, picker)
+    kubernetes_validate.validate(deployment, version, strict=True)
+    env = container(deployment)["env"]
+    names = [e["name"] for e in env]
+    assert names.index("AUTELLIX_STORE_PASSWORD") < names.index("AUTELLIX_STORE")  # expanded in order
+    by_name = {e["name"]: e for e in env}
+    assert by_name["AUTELLIX_STORE_PASSWORD"] == {"name": "AUTELLIX_STORE_PASSWORD", "valueFrom": {
+        "secretKeyRef": {"name": "demo-autellix-store-password", "key": "password"}}}
+    store = by_name["AUTELLIX_STORE"]["value"]
+    assert store == "redis://:$(AUTELLIX_STORE_PASSWORD)@demo-store.autellix.svc:6379/0"
+    # What the picker's store client reads once the kubelet has put the Secret's value in.
+    expanded = re.sub(r"\$\(AUTELLIX_STORE_PASSWORD\)", "s3cret", store)
+    assert {k: v for k, v in parse_url(expanded).items() if k in ("host", "port", "db", "password")} == {
+        "host": "demo-store.autellix.svc", "port": 6379, "db": 0, "password": "s3cret"}
+    # A user name in the URL is kept, a password in it replaced.
+    with_user = dataclasses.replace(picker, store_url="rediss://epp:old@store:6380/1")
+    assert {e["name"]: e for e in container(engine_endpoint_picker("e", "ns", UID, spec, with_user))["env"]}[
+        "AUTELLIX_STORE"]["value"] == "rediss://epp:$(AUTELLIX_STORE_PASSWORD)@store:6380/1"
+    # Without the Secret: the URL as given, no password entry.
+    plain = container(engine_endpoint_picker("e", "ns", UID, spec, dataclasses.replace(
+        picker, store_password_secret=None)))["env"]
+    assert [e for e in plain if e["name"].startswith("AUTELLIX_STORE")] == [
+        {"name": "AUTELLIX_STORE", "value": "redis://demo-store.autellix.svc:6379/0"}]
+    with pytest.raises(ValueError, match="store_password_secret: needs store_url"):
+        PickerSettings(image="gw", store_password_secret="demo-autellix-store-password")
+
+
+def test_an_engine_that_names_no_image_runs_the_gpu_image_when_it_asks_for_gpus() -> None:
+    gpu = {"model": {"name": "llama", "source": {"hub": "meta-llama/Llama-3.1-8B-Instruct"}}, "resources": {"gpus": 1}}
+    cpu = {"model": {"name": "tiny", "source": {"path": "/opt/tiny"}}}
+    assert parse_engine(gpu).image == DEFAULT_ENGINE_GPU_IMAGE == "ghcr.io/autellix/autellix-engine-cuda:0.1.0"
+    assert parse_engine(cpu).image == DEFAULT_ENGINE_IMAGE
+    assert parse_engine({**cpu, "resources": {"gpus": 0}}).image == DEFAULT_ENGINE_IMAGE
+    images = {"default_image": "registry.example/engine:2", "default_gpu_image": "registry.example/engine-cuda:2"}
+    deployment = engine_deployment("llama", "ns", UID, parse_engine(gpu, **images))
+    assert container(deployment)["image"] == "registry.example/engine-cuda:2"
+    assert parse_engine(cpu, **images).image == "registry.example/engine:2"
+    # an image in the spec wins, GPUs or not
+    assert parse_engine({**gpu, "image": "mine/engine:1"}, **images).image == "mine/engine:1"
 
 
 def test_every_placement_field_reaches_the_pod() -> None:

@@ -17,8 +17,6 @@ SCENARIOS = {"test_engine_operator", "test_program_operator", "test_autoscaling"
              "test_gateway_membership"}
 #: Grants the emulated tests do not reach, and why the code needs them all the same.
 NOT_REACHED = {
-    ("create", "", "events"): "kopf posts handler outcomes as Events; the in-process operators post errors only, "
-                              "and none happens in the scenarios",
     ("patch", "inference.networking.k8s.io", "inferencepools"): "drift repair of an InferencePool someone edited",
 }
 

@@ -137,8 +137,8 @@ seccompProfile:
 
 {{/* The operator's rules in the namespaces it serves (autellix.kube.rbac.OPERATOR_RULES, scope "served"). */}}
 {{- define "autellix.operatorServedRules" -}}
-# Its resources: kopf's watch, progress annotations and finalizer; a child's event reads its engine;
-# the autoscaler patches spec.replicas.
+# Its resources: kopf's watch and progress annotations (and dropping a finalizer an older operator
+# left); a child's event reads its engine; the autoscaler patches spec.replicas.
 - apiGroups: [autellix.ai]
   resources: [autellixengines]
   verbs: [get, list, watch, patch]
@@ -181,7 +181,7 @@ seccompProfile:
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [list]
-# kopf's handler outcomes as Events.
+# Events: what the operator did and why (scaled, drained, programs started, failed, ...).
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

@@ -23,15 +23,32 @@
 {{- if and .Values.store.deploy (not .Values.store.urlSecret.name) (not .Values.store.url) }}true{{ end }}
 {{- end }}
 
+{{/* The Secret (data key "password") holding the chart's store's password: yours
+     (auth.storePassword.existingSecret) or the release's own (secrets.yaml). */}}
+{{- define "autellix.storePasswordSecret" -}}
+{{- default (printf "%s-store-password" (include "autellix.fullname" .)) .Values.auth.storePassword.existingSecret }}
+{{- end }}
+
+{{/* The chart's store's URL without its password (the operator's --epp-store-url; the pickers get the
+     password from the Secret, as the gateways do). */}}
+{{- define "autellix.storeAddress" -}}
+{{- printf "%s.%s.svc:6379/0" (include "autellix.storeName" .) .Release.Namespace }}
+{{- end }}
+
 {{/* The gateway's AUTELLIX_STORE (= --store) when the URL is in a Secret or the chart's store;
-     a plain store.url is passed as --store instead. */}}
+     a plain store.url is passed as --store instead. The chart's store: the password from its Secret
+     into AUTELLIX_STORE_PASSWORD, then into the URL by the kubelet's $(VAR) expansion (the variable
+     comes first), so that no manifest holds it. */}}
 {{- define "autellix.storeEnv" -}}
 {{- if .Values.store.urlSecret.name }}
 - name: AUTELLIX_STORE
   valueFrom:
     secretKeyRef: {name: {{ .Values.store.urlSecret.name }}, key: {{ .Values.store.urlSecret.key }}}
 {{- else if include "autellix.storeDeployed" . }}
+- name: AUTELLIX_STORE_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ include "autellix.storePasswordSecret" . }}, key: password}
 - name: AUTELLIX_STORE
-  value: {{ printf "redis://%s.%s.svc:6379/0" (include "autellix.storeName" .) .Release.Namespace | quote }}
+  value: {{ printf "redis://:$(AUTELLIX_STORE_PASSWORD)@%s" (include "autellix.storeAddress" .) | quote }}
 {{- end }}
 {{- end }}

@@ -39,7 +39,10 @@ def operator(
         help="NAMESPACE/NAME of a Lease: reconcile only while holding it (several replicas)")] = None,
     identity: Annotated[str | None, typer.Option(envvar="POD_NAME",
                                                  help="This replica's name in the Lease (default the host)")] = None,
-    engine_image: Annotated[str | None, typer.Option(help="Engine image when a spec names none")] = None,
+    engine_image: Annotated[str | None, typer.Option(
+        help="Engine image when a spec names none and asks for no GPU")] = None,
+    engine_gpu_image: Annotated[str | None, typer.Option(
+        help="Engine image when a spec names none and asks for GPUs (resources.gpus > 0): the CUDA build")] = None,
     inference_pool: Annotated[bool, typer.Option(help="Also an InferencePool per AutellixEngine")] = False,
     epp: Annotated[bool, typer.Option(
         help="Also run `autellix epp` as each AutellixEngine's endpoint picker (implies --inference-pool)")] = False,
@@ -53,6 +56,8 @@ def operator(
         help="The pickers' service account (may list and watch EndpointSlices)")] = None,
     epp_store_url: Annotated[str | None, typer.Option(
         help="The program store the pickers share with the gateways (redis://...)")] = None,
+    epp_store_password_secret: Annotated[str | None, typer.Option(
+        help="A Secret in each served namespace whose data key 'password' is the store's password")] = None,
     xds_port: Annotated[int | None, typer.Option(
         min=0, max=65535, help="Serve Envoy's xDS (ADS) on this port, from the gateway Service's EndpointSlices "
                                 "(docs/cluster.md); none without")] = None,
@@ -74,7 +79,7 @@ def operator(
 
     import kopf
 
-    from autellix.kube.handlers import OperatorConfig
+    from autellix.kube.context import OperatorConfig
     from autellix.kube.run import run_operator
 
     if not gateway_url.startswith(("http://", "https://")):
@@ -86,17 +91,27 @@ def operator(
         raise fail("--epp needs --epp-image (the image that runs `autellix epp`)")
     if epp_failure_mode not in ("FailClose", "FailOpen"):
         raise fail(f"--epp-failure-mode: FailClose or FailOpen, not {epp_failure_mode!r}")
-    from autellix.kube.manifests import PickerSettings
+    if epp_store_password_secret is not None and not epp_store_url:
+        raise fail("--epp-store-password-secret needs --epp-store-url (the store the password is for)")
+    from autellix.kube.manifests import PickerSettings, with_password
 
+    if epp_store_password_secret is not None and epp_store_url:  # the password goes into its host part
+        try:
+            with_password(epp_store_url, "x")
+        except ValueError:
+            raise fail(f"--epp-store-url: expected redis://HOST:PORT/DB, got {epp_store_url!r}") from None
     picker = PickerSettings(image=epp_image, replicas=epp_replicas, fallbacks=epp_fallbacks,
                             failure_mode=epp_failure_mode, service_account=epp_service_account,
-                            store_url=epp_store_url) if epp and epp_image else None
+                            store_url=epp_store_url, store_password_secret=epp_store_password_secret) \
+        if epp and epp_image else None
     config = OperatorConfig(gateway_url=gateway_url.rstrip("/"), gateway_api_key=gateway_api_key,
                             gateway_admin_url=gateway_admin_url.rstrip("/") if gateway_admin_url else None,
                             gateway_admin_key=gateway_admin_key, engine_token_secret=engine_token_secret,
                             autoscale_interval=autoscale_interval, program_poll_interval=program_poll_interval,
                             inference_pool=inference_pool or epp, endpoint_picker=picker,
-                            **({"engine_image": engine_image} if engine_image else {}))
+                            **({"engine_image": engine_image} if engine_image else {}),
+                            **({"engine_gpu_image": engine_gpu_image} if engine_gpu_image else {}))
+    import signal
     import socket
 
     from kubernetes_asyncio.config import ConfigException
@@ -110,18 +125,30 @@ def operator(
         if not lease_namespace or not lease_name:
             raise fail(f"--leader-lease: expected NAMESPACE/NAME, got {leader_lease!r}")
         lease = LeaseConfig(lease_namespace, lease_name, identity or socket.gethostname())
-    operator_run = run_operator(config, namespaces=list(namespace or []), liveness_endpoint=liveness, leader=lease)
-    if xds_port is not None:  # every replica serves xDS, the leader or not (it reads, never writes)
-        from autellix.mesh.kube_source import serve_xds_with
-        from autellix.mesh.resources import MeshSettings
+    if xds_port is not None and not xds_namespace:
+        raise fail("--xds-port needs --xds-namespace (or $POD_NAMESPACE): where the gateway Service is")
 
-        if not xds_namespace:
-            raise fail("--xds-port needs --xds-namespace (or $POD_NAMESPACE): where the gateway Service is")
-        envoy_listens = MeshSettings(listen_host=xds_listen_host, listen_port=xds_listen_port)
-        operator_run = serve_xds_with(operator_run, envoy_listens, xds_gateway_service, xds_namespace,
-                                      host=xds_host, port=xds_port)
+    async def serve() -> None:
+        # SIGTERM (the kubelet's) and SIGINT stop it gracefully in either role: a standby replica waiting for
+        # the Lease too, which kopf's own handlers (the leader's) do not cover. In a container the operator is
+        # PID 1, which the kernel spares every signal it has no handler for: without these a standby would sit
+        # out the pod's whole grace period, and a namespace's deletion with it.
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+        operator_run = run_operator(config, namespaces=list(namespace or []), liveness_endpoint=liveness,
+                                    leader=lease, stop_flag=stop)
+        if xds_port is not None:  # every replica serves xDS, the leader or not (it reads, never writes)
+            from autellix.mesh.kube_source import serve_xds_with
+            from autellix.mesh.resources import MeshSettings
+
+            envoy_listens = MeshSettings(listen_host=xds_listen_host, listen_port=xds_listen_port)
+            operator_run = serve_xds_with(operator_run, envoy_listens, xds_gateway_service, str(xds_namespace),
+                                          host=xds_host, port=xds_port)
+        await operator_run
+
     try:
-        asyncio.run(operator_run)
+        asyncio.run(serve())
     except ConfigException as exc:
         raise fail(f"no Kubernetes credentials (in-cluster service account or kubeconfig): {exc}") from None
     except LeadershipLost as exc:
@@ -136,8 +163,9 @@ def release_finalizers(
     all_resources: Annotated[bool, typer.Option(
         "--all", help="Also from resources not being deleted (before removing the operator for good)")] = False,
 ) -> None:
-    """Drop the operator's finalizer (autellix.ai/finalizer) from AutellixEngines and AgentPrograms being
-    deleted: the way out when no operator runs and `kubectl delete` (or deleting the CRDs) waits."""
+    """Drop the finalizer older operators set (autellix.ai/finalizer) from AutellixEngines and AgentPrograms
+    being deleted: the way out when no operator runs and `kubectl delete` (of them, their namespace or the
+    CRDs) waits."""
     import asyncio
 
     from kubernetes_asyncio.client.exceptions import ApiException

@@ -61,6 +61,7 @@ simulator its virtual one.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -313,3 +314,17 @@ class MemoryProgramStore:
 
 __all__ = ["CHECK_OUTCOMES", "ENDED_MEMORY", "EngineService", "MemoryProgramStore", "ProgramStore", "ServiceWitness",
            "UnknownProgram"]
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password, if it has one, as ``***`` (``redis://:***@host:6379/0``, and a
+    ``password=`` query parameter): what a log line or an error may show of a store's URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, question, query = rest.partition("?")
+    userinfo, at, location = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.partition(':')[0]}:***@{location}"
+    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", query)
+    return f"{scheme}://{rest}{question}{query}"

@@ -50,7 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from autellix import protocol
 from autellix.control.recent import RecentIds
-from autellix.control.store import ProgramStore
+from autellix.control.store import ProgramStore, redacted_url
 from autellix.core import Policy
 from autellix.gateway.errors import GatewayRunner
 from autellix.protocol import (
@@ -302,7 +302,7 @@ def open_store(url: str, policy: Policy, idle_ttl: float) -> tuple[ProgramStore,
     """The shared store at ``url`` (``redis://`` or ``rediss://``): the store, its probe (for ``Lifecycle``),
     its close."""
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"--store: expected a redis:// URL, got {url!r}")
+        raise ValueError(f"--store: expected a redis:// URL, got {redacted_url(url)!r}")
     from autellix.control.redis_store import RedisProgramStore
 
     store: RedisProgramStore = RedisProgramStore(url, policy, idle_ttl=idle_ttl)

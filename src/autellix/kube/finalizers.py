@@ -1,13 +1,13 @@
-"""The way out for resources held by the operator's finalizer when no operator runs.
+"""The way out for resources an older operator finalized, when no operator runs to release them.
 
-Only an AgentProgram whose session is open carries ``autellix.ai/finalizer``
-(the operator ends the session in the gateway before the program goes). With no
-operator running, deleting one waits forever, and so does deleting the CRDs
-(which deletes every resource of theirs). ``release_finalizers`` removes the
-operator's finalizer from the resources already being deleted, so they go; the
-sessions they held end in the gateway by its idle TTL (``program_idle_ttl``).
-Resources the operator's older versions finalized (AutellixEngines) are handled
-alike. Other finalizers are left as they are.
+The operator sets no finalizer; its older versions put kopf's finalizer
+``autellix.ai/finalizer`` on AgentPrograms whose session was open (and, earlier
+still, on AutellixEngines), and a running operator drops it wherever it finds
+it. With no operator running, deleting such a resource waits forever, and so
+does deleting the CRDs or the namespace. ``release_finalizers`` removes that
+finalizer from the resources already being deleted, so they go; the sessions
+they held end in the gateway by its idle TTL (``program_idle_ttl``). Other
+finalizers are left as they are.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ listener) it uses the tenant routes with its own key, as before.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
@@ -62,13 +63,21 @@ class GatewayClient:
         try:
             async with self._http.request(method, url, json=body, headers=headers,
                                           timeout=self._timeout) as resp:
-                payload = await resp.json(content_type=None) if resp.content_length != 0 else None
-                if resp.status >= 400:
-                    detail = (payload or {}).get("error", {}).get("message") if isinstance(payload, dict) else None
-                    raise GatewayError(f"{method} {url}: {resp.status} {detail or resp.reason}", resp.status)
-                return payload
+                text = await resp.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise GatewayError(f"{method} {url}: {exc.__class__.__name__}: {exc}") from exc
+        try:
+            payload = json.loads(text) if text.strip() else None
+        except ValueError:  # a proxy's own answer (Envoy's "no healthy upstream"), not the gateway's
+            payload = None
+            if resp.status < 400:
+                raise GatewayError(f"{method} {url}: {resp.status} with a body that is not JSON: {text[:80]!r}",
+                                   resp.status) from None
+        if resp.status >= 400:
+            error = payload.get("error") if isinstance(payload, dict) else None
+            detail = error.get("message") if isinstance(error, dict) else text.strip()[:200]
+            raise GatewayError(f"{method} {url}: {resp.status} {detail or resp.reason}", resp.status)
+        return payload
 
     async def open_session(self, gateway: str, tenant: str | None = None, priority: int = 0) -> str:
         """A new session owned by ``tenant`` (through the admin listener), else by this client's key, with its
@@ -79,6 +88,8 @@ class GatewayClient:
                                        admin=True)
         else:
             payload = await self._call("POST", f"{gateway}{SESSIONS_PATH}", fields or None)
+        if not isinstance(payload, dict) or not payload.get("id"):
+            raise GatewayError(f"POST {gateway}: a session answer without an id: {payload!r}"[:300])
         return str(payload["id"])
 
     def _session_url(self, gateway: str, session_id: str) -> tuple[str, bool]:
@@ -108,7 +119,10 @@ class GatewayClient:
 
     async def engines(self, gateway: str) -> list[EngineLoad]:
         admin = self.admin_of(gateway)
-        payload = await self._call("GET", f"{admin or gateway}{ADMIN_ENGINES_PATH}", admin=admin is not None)
+        url = f"{admin or gateway}{ADMIN_ENGINES_PATH}"
+        payload = await self._call("GET", url, admin=admin is not None)
+        if not isinstance(payload, dict):
+            raise GatewayError(f"GET {url}: expected the engines as a JSON object, got {payload!r}"[:300])
         return [EngineLoad(url=e["url"], load=float(e.get("load", 0.0)), inflight=int(e.get("inflight", 0)),
                            draining=bool(e.get("draining", False)), healthy=bool(e.get("healthy", True)))
                 for e in payload.get("data", [])]

@@ -20,6 +20,7 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
     ("batch/v1", "Job"): "jobs",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",

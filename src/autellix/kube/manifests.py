@@ -15,6 +15,7 @@ operator's drift watch finds it.
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,6 +281,27 @@ class PickerSettings:
     service_account: str | None = None
     #: The release's store: one program state for the gateways and the pickers.
     store_url: str | None = None
+    #: A Secret (data key ``password``, in each engine's namespace) holding the store's password.
+    store_password_secret: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.store_password_secret is not None and self.store_url is None:
+            raise ValueError("store_password_secret: needs store_url (the store the password is for)")
+
+
+#: The picker's store password (from ``PickerSettings.store_password_secret``), and that Secret's data key.
+STORE_PASSWORD_ENV, STORE_PASSWORD_KEY = "AUTELLIX_STORE_PASSWORD", "password"
+
+
+def with_password(url: str, password: str) -> str:
+    """``redis://host:port/db`` with ``password`` as its userinfo's password (``redis://:password@host...``),
+    any user name in ``url`` kept and any password in it replaced."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        raise ValueError(f"store URL: expected redis://HOST:PORT/DB, got {url!r}")
+    user = parts.netloc.rpartition("@")[0].partition(":")[0] if "@" in parts.netloc else ""
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
 
 def endpoint_picker_name(engine: str) -> str:
@@ -303,7 +325,12 @@ def engine_endpoint_picker(name: str, namespace: str, uid: str, spec: EngineSpec
     if token_secret is not None:
         env.append({"name": ENGINE_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token_secret,
                                                                              "key": ENGINE_TOKEN_KEY}}})
-    if picker.store_url is not None:
+    if picker.store_password_secret is not None and picker.store_url is not None:
+        # The password never enters the manifest: the kubelet expands $(VAR) of an earlier entry.
+        env.append({"name": STORE_PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
+            "name": picker.store_password_secret, "key": STORE_PASSWORD_KEY}}})
+        env.append({"name": "AUTELLIX_STORE", "value": with_password(picker.store_url, f"$({STORE_PASSWORD_ENV})")})
+    elif picker.store_url is not None:
         env.append({"name": "AUTELLIX_STORE", "value": picker.store_url})
     args = ["epp", "--discovery=kubernetes", f"--namespace={namespace}", f"--engine-selector={selector_string(name)}",
             "--engine-port-name=http", "--host=0.0.0.0", f"--port={EPP_PORT}", f"--metrics-port={EPP_METRICS_PORT}",
@@ -398,3 +425,11 @@ def job_outcome(job: dict[str, Any]) -> str | None:
     if status.get("succeeded"):
         return "Succeeded"
     return None
+
+
+def job_failure(job: dict[str, Any]) -> str:
+    """Why a failed Job failed, from its Failed (or FailureTarget) condition: ``reason: message``."""
+    for cond in job.get("status", {}).get("conditions", []) or []:
+        if cond.get("status") == "True" and cond.get("type") in ("Failed", "FailureTarget"):
+            return ": ".join(str(cond[k]) for k in ("reason", "message") if cond.get(k)) or "no reason given"
+    return "no reason given"

