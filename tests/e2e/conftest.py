@@ -192,7 +192,7 @@ def podman_size(tag: str) -> int:
     return int(out.strip())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def images() -> Images:
     """Every image, built by the README's `make images` (podman's layer cache makes a rebuild of an
     unchanged tree take seconds; a fresh machine builds from nothing)."""
@@ -230,7 +230,7 @@ class Node:
             archive.unlink(missing_ok=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     try:
         kubectl, helm = find_kubectl(), find_helm()

@@ -19,7 +19,8 @@ object reads and writes itself:
   ignores status when the resource has the subresource; ``/scale`` reads and
   writes spec.replicas;
 * deletion honours finalizers (deletionTimestamp first) and then collects the
-  objects whose ownerReferences name the deleted uid, as the garbage collector;
+  objects whose ownerReferences name the deleted uid, as the garbage collector,
+  which also takes an object created later whose owners are all gone;
 * ``/scale`` follows the CRD's scale paths (``labelSelectorPath``: the HPA's selector);
 * every object request is recorded (``requests``) with its User-Agent and RBAC
   verb, plus the ``update`` on the owner's finalizers the API server requires
@@ -206,6 +207,11 @@ class Cluster(kmock.KubernetesEmulator):
         if resource == CRD:
             self._register_crd(body)
         await self._emit(resource, "ADDED", body)
+        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if owners and not owners & {obj["metadata"].get("uid") for _, obj in self._items_all()}:
+            # The garbage collector also takes an object made after its owner went (a controller that read
+            # the owner just before its deletion): its owner references name no object.
+            await self._remove(resource, namespace, name)
         return body
 
     async def write(self, resource: kmock.resource, namespace: str | None, name: str, new: dict[str, Any],

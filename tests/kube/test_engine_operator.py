@@ -90,7 +90,11 @@ async def test_create_update_delete_drive_deployment_and_service(
     # No finalizer on an engine: deleting one never waits for an operator.
     assert not (await api.get(engine_path("llama")))["metadata"].get("finalizers")
     # What `kubectl describe` shows: each change the operator made, as an Event on the engine.
-    applied = [e for e in await events_about(api, created) if e["reason"] == "Applied"]
+    async def applied_twice() -> list[dict[str, Any]] | None:  # posted just after the status it goes with
+        applied = [e for e in await events_about(api, created) if e["reason"] == "Applied"]
+        return applied if len(applied) >= 2 else None
+
+    applied = await eventually(applied_twice, what="an Applied Event for the creation and one for the update")
     assert applied[0]["type"] == "Normal" and applied[0]["message"] == (
         "Deployment llama created, Service llama created, PodDisruptionBudget llama created.")
     assert any(e["message"] == "Deployment llama patched." for e in applied[1:]), applied

@@ -89,6 +89,10 @@ class Context:
     retry: set[str] = field(default_factory=set)
     #: The engine uids of the last pass (the states of an engine gone are forgotten).
     engines_seen: set[str] = field(default_factory=set)
+    #: Engine uid -> the lock every read-modify-write of its status holds (a reconcile, an autoscaler step):
+    #: status conditions are one list, and a merge patch replaces a list whole, so two writers that read
+    #: before either wrote would drop the other's condition.
+    engine_locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     #: AgentProgram uid -> this operator's state of it, while it runs.
     programs: dict[str, ProgramState] = field(default_factory=dict)
     #: AgentProgram uid -> when its DELETED event came (a pass that listed it before leaves it alone).
@@ -96,6 +100,9 @@ class Context:
 
     def program(self, uid: str) -> ProgramState:
         return self.programs.setdefault(uid, ProgramState())
+
+    def engine_lock(self, uid: str) -> asyncio.Lock:
+        return self.engine_locks.setdefault(uid, asyncio.Lock())
 
 
 def expected(exc: BaseException) -> bool:

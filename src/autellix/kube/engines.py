@@ -133,10 +133,15 @@ async def reconcile_engine(ctx: Context, engine: dict[str, Any]) -> None:
 
 
 async def reconcile_or_retry(ctx: Context, engine: dict[str, Any]) -> None:
-    """``reconcile_engine``; a failure that passes (an API conflict, the API server away) is one log line,
-    and the engines' pass tries again."""
+    """``reconcile_engine`` on the engine as it is now, one at a time per engine (the create handler, a
+    child's event and the engines' pass can each start one); a failure that passes (an API conflict, the
+    API server away) is one log line, and the engines' pass tries again."""
+    meta = engine["metadata"]
     try:
-        await reconcile_engine(ctx, engine)
+        async with ctx.engine_lock(meta["uid"]):
+            now = await ctx.api.get(engine_path(meta["namespace"], meta["name"]))
+            if now is not None and now["metadata"]["uid"] == meta["uid"]:  # else gone, or another of its name
+                await reconcile_engine(ctx, now)
     except Exception as exc:
         if not expected(exc):
             raise
@@ -276,13 +281,16 @@ async def engines_pass(ctx: Context, now: float) -> None:
         del ctx.history[uid]  # deleted: its samples go with it
     for uid in ctx.engines_seen - uids:
         ctx.events.forget(uid)
+        if not (lock := ctx.engine_locks.get(uid)) or not lock.locked():
+            ctx.engine_locks.pop(uid, None)
     ctx.retry &= uids
     ctx.engines_seen = uids
     for engine in engines:
         if engine["metadata"]["uid"] in ctx.retry:
             await reconcile_or_retry(ctx, engine)
         try:
-            await autoscale(ctx, engine, now)
+            async with ctx.engine_lock(engine["metadata"]["uid"]):
+                await autoscale(ctx, engine, now)
         except GatewayError as exc:  # nothing is decided on no data
             await report(ctx, engine, "gateway", "GatewayUnreachable",
                          f"Cannot read the engines' load from the gateway: {exc}")
