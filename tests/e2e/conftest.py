@@ -10,7 +10,8 @@ autoscaling, faults and the uninstall (test_user_path.py). Skipped, with the rea
 
 A report of the run (each phase's duration, the images' build times and sizes, each pod's peak CPU and
 memory from the kubelet's summary API) goes to ``$AUTELLIX_E2E_REPORT`` (default: the session's temporary
-folder) and to the end of pytest's output.
+folder) and to the end of pytest's output. When a step fails, what a user would look at next (every pod, the
+recent Events, each pod's log) goes to a folder ``diagnostics/<test>`` beside the report.
 """
 
 from __future__ import annotations
@@ -127,6 +128,42 @@ class Report:
 
 
 REPORT = Report()
+
+
+#: Namespaces whose pods' logs a failed step keeps.
+DIAGNOSED_NAMESPACES = ("autellix", "agents")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    funcargs = getattr(item, "funcargs", {})
+    cluster, factory = funcargs.get("cluster"), funcargs.get("tmp_path_factory")
+    if report.when == "call" and report.failed and cluster is not None:
+        base = report_path(factory).parent if factory is not None else Path(os.environ.get(
+            "AUTELLIX_E2E_REPORT", "e2e-report.json")).parent
+        folder = base / "diagnostics" / item.name
+        REPORT.facts.setdefault("diagnostics", []).append(str(diagnose(cluster.node.kube, folder)))
+    return report
+
+
+def diagnose(kube: Kube, folder: Path) -> Path:
+    """Every pod, the recent Events, and each pod's log (and its previous container's) into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def kubectl(*args: str) -> str:
+        done = kube.kubectl(*args, check=False)
+        return done.stdout + done.stderr
+
+    (folder / "pods.txt").write_text(kubectl("get", "pods", "-A", "-o", "wide"))
+    (folder / "events.txt").write_text(kubectl("get", "events", "-A", "--sort-by=.lastTimestamp"))
+    for namespace in DIAGNOSED_NAMESPACES:
+        for name in kubectl("get", "pods", "-n", namespace, "-o", "name").split():
+            pod = name.removeprefix("pod/")
+            log = kubectl("logs", "-n", namespace, pod, "--all-containers", "--tail=400")
+            previous = kubectl("logs", "-n", namespace, pod, "--all-containers", "--previous", "--tail=200")
+            (folder / f"{namespace}-{pod}.log").write_text(log + "\n--- previous container ---\n" + previous)
+    return folder
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -259,7 +296,11 @@ def node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         REPORT.facts["report"] = str(write_report(tmp_path_factory))
 
 
+def report_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(os.environ.get("AUTELLIX_E2E_REPORT") or tmp_path_factory.getbasetemp() / "e2e-report.json")
+
+
 def write_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = Path(os.environ.get("AUTELLIX_E2E_REPORT") or tmp_path_factory.getbasetemp() / "e2e-report.json")
+    path = report_path(tmp_path_factory)
     path.write_text(json.dumps(REPORT.as_dict(), indent=2) + "\n")
     return path

@@ -33,6 +33,8 @@ MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "48"))
 PAUSE_S = float(os.environ.get("PAUSE_S", "0.2"))
 STOP_FILE = os.environ.get("STOP_FILE", "/tmp/stop")
 DEADLINE_S = float(os.environ.get("DEADLINE_S", "900"))
+#: How long a slot waits after a failed call before it goes on.
+FAILURE_PAUSE_S = 1.0
 #: With ONCE=1 each slot runs one program and stops.
 ONCE = os.environ.get("ONCE", "0") == "1"
 #: Every reply MAX_TOKENS long (vLLM's ignore_eos): the tiny model's random weights end replies at random.
@@ -74,6 +76,8 @@ def record(what: str, status: int, answer: dict[str, Any]) -> bool:
             failures += 1
             if len(errors) < 20:
                 errors.append(f"{what}: {status} {answer.get('error')}")
+    if not ok:  # a client backs off: instant retries would starve the node being measured
+        time.sleep(FAILURE_PAUSE_S)
     return ok
 
 
