@@ -7,7 +7,7 @@
 // (what a per-block swap issues), one kernel launch gathers all of them into
 // one contiguous device buffer laid out (n, layers, outer, inner); the caller
 // then moves that buffer to pinned host memory with a single copy. Scatter is
-// the inverse. Semantics: autellix/engine/kv_swap.py (gather_blocks /
+// the inverse. Semantics: autellix/engine/kv/swap.py (gather_blocks /
 // scatter_blocks), which the tests compare bit for bit.
 //
 // This file is plain CUDA (no torch headers): the tensor checks and the Python

@@ -39,7 +39,7 @@ from typing import Any
 
 import autellix.sim.serving as serving
 from autellix.core import ProcessTable, SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.sweep import CHECK_LOADS, _run
 
 PROFILE = "a100-llama3.1-8b"

@@ -39,7 +39,7 @@ from autellix.core import SchedulerConfig
 from autellix.engine.step_trace import read_trace, step_cycles, summarize_steps
 from autellix.loadgen.stack_sweep import ENGINE_SETTINGS
 from autellix.sim.cost_model import fit_step_cost
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.profiling import profile_from_steps, samples_from_steps
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.workloads import make_programs

@@ -1,7 +1,7 @@
 """What the endpoint picker costs per call, against the aiohttp gateway's, in one run.
 
 Starts an instant upstream (``experiments/instant_engine.py``), ``autellix gateway``
-in front of it, and Envoy configured as a GIE gateway (``autellix.epp.envoy_config``)
+in front of it, and Envoy configured as a GIE gateway (``autellix_lab.gie_envoy``)
 with two listeners on the same upstream: one that asks ``autellix epp`` (ext_proc,
 GIE's full-duplex bodies, the ``ORIGINAL_DST`` cluster) and one that does not
 (Envoy's own cost). Then, interleaved over repetitions, with
@@ -33,8 +33,8 @@ import gateway_overhead as overhead  # this folder's gateway benchmark: processe
 import psutil
 
 from autellix.child_processes import free_ports
-from autellix.epp.envoy_config import GatewayListener
-from autellix.epp.local import LocalGie, PickerProcess
+from autellix_lab.epp_local import LocalGie, PickerProcess
+from autellix_lab.gie_envoy import GatewayListener
 
 HOST = overhead.HOST
 

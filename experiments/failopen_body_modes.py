@@ -1,7 +1,7 @@
 """Does Envoy fail open with the picker down, whatever the request body mode?
 
 Starts an instant upstream (``experiments/instant_engine.py``), ``autellix epp`` and
-Envoy (``autellix.epp.envoy_config``) with two FailOpen listeners
+Envoy (``autellix_lab.gie_envoy``) with two FailOpen listeners
 (``failure_mode_allow: true``) that differ only in how the request body goes to
 the picker: GIE's ``FULL_DUPLEX_STREAMED``, and ``BUFFERED``. Kills the picker,
 then sends the same number of whole chat calls to each listener, one at a time,
@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 
 from autellix.child_processes import free_ports, owned_child, stop_process
-from autellix.epp.envoy_config import GatewayListener
-from autellix.epp.local import LocalGie, PickerProcess
+from autellix_lab.epp_local import LocalGie, PickerProcess
+from autellix_lab.gie_envoy import GatewayListener
 
 BODY = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
 

@@ -3,15 +3,15 @@
     PYTHONPATH=src python3 experiments/kv_kernel_gpu_check.py --out $OUT/kv_kernel_gpu_check.json
 
 One script for a machine with a GPU, a CUDA build of torch, nvcc and a host compiler, and nothing else:
-no vLLM, no network, no package to install (it imports only torch and ``autellix.engine.kv_kernel`` /
-``kv_swap``, which import only torch). Minutes at most: the build is most of it.
+no vLLM, no network, no package to install (it imports only torch and ``autellix.engine.kv.kernel`` /
+``.swap``, which import only torch). Minutes at most: the build is most of it.
 
 1. **Build** the kernel the way the CUDA engine image does (``--build prebuild``, the default:
    ``kv_kernel.prebuild`` for the image's architecture list, linked against torch's libcudart, import,
    ``cuobjdump``), or through ``torch.utils.cpp_extension`` (``--build jit``, what an engine without a
    prebuilt kernel does; also what a failed prebuild falls back to, its error in the report).
 2. **Bit for bit** (every case, on bytes: NaN payloads and all): the kernel's gather against
-   ``kv_swap.gather_blocks`` (``index_select``), its scatter against ``scatter_blocks``
+   ``swap.gather_blocks`` (``index_select``), its scatter against ``scatter_blocks``
    (``index_copy_``), whole caches compared so untouched blocks are checked too, and
    ``KVBlockMover.save``/``load`` through pinned host rows (non-contiguous rows, a staging buffer small
    enough to take several pieces). Cases: FlashAttention's layout ``(2, blocks, 16, 8, 128)`` and the
@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from autellix.engine import kv_kernel
-from autellix.engine.kv_swap import KVBlockMover, block_views, gather_blocks, scatter_blocks
+from autellix.engine.kv import kernel as kv_kernel
+from autellix.engine.kv.swap import KVBlockMover, block_views, gather_blocks, scatter_blocks
 
 BUILDS = ("prebuild", "jit")
 

@@ -1,6 +1,6 @@
 """KV retention on the real CPU engine: prefix tokens recomputed per program and program token latency, per setting.
 
-Each round runs ``autellix.engine.retention_scenario`` once per configuration,
+Each round runs ``autellix_lab.retention_scenario`` once per configuration,
 each in a process of its own (vLLM keeps the KV connector in a process-wide
 global), the order alternating between rounds:
 
@@ -40,7 +40,7 @@ CONFIGS = {"lru": ["--no-retention"], "keep": ["--retention", "--no-swap"], "swa
 
 
 def scenario(args: list[str], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "autellix.engine.retention_scenario", *args],
+    proc = subprocess.run([sys.executable, "-m", "autellix_lab.retention_scenario", *args],
                           capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("AUTELLIX_RESULT "):

@@ -27,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.sim.sweep import CHECK_LOADS
 from autellix.workloads import make_programs

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from autellix.engine.kv_swap import KVBlockMover
+from autellix.engine.kv.swap import KVBlockMover
 
 # ---- copy ---------------------------------------------------------------------------------
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -140,7 +140,7 @@ def run_copy(args: argparse.Namespace) -> dict[str, Any]:
     caches = kv_cache(args.layers, cache_blocks, args.block_size, args.kv_heads, args.head_dim, dtype, device)
     kernel = None
     if device == "cuda":
-        from autellix.engine.kv_kernel import load
+        from autellix.engine.kv.kernel import load
 
         kernel = load()
     mover = KVBlockMover.create(caches, cache_blocks, host_rows=max(sizes), kernel=kernel,
@@ -217,7 +217,7 @@ def metrics(base: str) -> dict[str, float]:
 def engine_round(label: str, pool: int, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """A fresh engine, the programs, the engine's counters."""
     from autellix.child_processes import free_port
-    from autellix.engine.kv_connector import kv_transfer_args
+    from autellix.engine.kv.connector import kv_transfer_args
     from autellix.engine.launch import start_engine, stop_engine, wait_ready
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"kv-swap-{label}-"))

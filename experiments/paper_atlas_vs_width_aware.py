@@ -14,7 +14,7 @@ from __future__ import annotations
 import autellix.core.policies as policies
 from autellix.core import SchedulerConfig
 from autellix.core.policies.atlas import ATLAS
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.sweep import CHECK_LOADS, _run
 
 POINTS = ((32, "fanout", 1.0), (32, "fanout", 2.0), (32, "mixed", 1.2))

@@ -4,7 +4,7 @@ One engine with Autellix's scheduler at the benchmark's settings for the workloa
 (``autellix bench sweep``'s ``autellix`` system: ``autellix.loadgen.stack_sweep``),
 and in front of it both transports at once, with the same policy and parameters:
 ``autellix gateway``, as the sweep runs it, and Envoy as a GIE gateway
-(``autellix.epp.envoy_config``: ext_proc, full-duplex bodies, ``ORIGINAL_DST``)
+(``autellix_lab.gie_envoy``: ext_proc, full-duplex bodies, ``ORIGINAL_DST``)
 with ``autellix epp`` as its endpoint picker. Each round runs the same programs
 and arrivals through each transport in turn (the order rotated every round, the
 engine's prefix cache emptied before each run) as ``autellix bench`` runs them:
@@ -35,13 +35,13 @@ from typing import Any
 from autellix.child_processes import free_ports
 from autellix.engine.launch import SERVED_MODEL
 from autellix.engine.tiny_model import REPLY_TOKEN_IDS, build_tiny_model, default_model_dir
-from autellix.epp.envoy_config import GatewayListener
-from autellix.epp.local import LocalGie, PickerProcess
 from autellix.loadgen.runner import run_programs
 from autellix.loadgen.stack_sweep import ENGINE_SETTINGS, empty_prefix_cache, local_stack
 from autellix.workloads import make_programs
 from autellix.workloads.run_metrics import RunResult, summarize
 from autellix.workloads.systems import SYSTEMS
+from autellix_lab.epp_local import LocalGie, PickerProcess
+from autellix_lab.gie_envoy import GatewayListener
 
 
 def run_summary(run: RunResult) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from autellix.core import SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.sim.sweep import CHECK_LOADS, _run
 from autellix.workloads import make_programs

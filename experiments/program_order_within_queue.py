@@ -22,7 +22,7 @@ from typing import Any
 
 import autellix.core.mlq as mlq
 from autellix.core import SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.sweep import CHECK_LOADS, _run
 
 POINTS = ((32, "fanout", 2.0), (32, "mixed", 1.2), (32, "lats", 0.6), (32, "bfcl", 6.0), (32, "sharegpt", 2.0),

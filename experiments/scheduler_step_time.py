@@ -1,7 +1,7 @@
 """Time one scheduling step: Autellix's scheduler against vLLM's stock V1 scheduler.
 
 Both run in this process on vLLM's real ``Scheduler`` class with fabricated model
-output (``autellix.engine.harness``), so only scheduling is timed: 256 running
+output (``autellix_lab.harness``), so only scheduling is timed: 256 running
 and 1,000 waiting requests, one ``schedule()`` plus ``update_from_output()`` per
 step. The two are measured in alternating rounds in one run and reported as a
 ratio per round, because this machine is shared and absolute times drift.
@@ -28,8 +28,8 @@ RUNNING, WAITING = 256, 1000
 def build(plugin: bool, programs: int, running: int = RUNNING, waiting: int = WAITING) -> object:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from autellix.engine.harness import build_scheduler, make_request, step
     from autellix.engine.scheduler import AutellixScheduler
+    from autellix_lab.harness import build_scheduler, make_request, step
 
     scheduler = build_scheduler(AutellixScheduler if plugin else Scheduler, max_num_seqs=running)
     for i in range(running + waiting):
@@ -44,7 +44,7 @@ def build(plugin: bool, programs: int, running: int = RUNNING, waiting: int = WA
 
 def time_steps(scheduler: object, steps: int) -> float:
     """Mean seconds per step (schedule + update_from_output)."""
-    from autellix.engine.harness import fake_output
+    from autellix_lab.harness import fake_output
 
     total = 0.0
     for _ in range(steps):

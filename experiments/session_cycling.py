@@ -33,7 +33,7 @@ import typer
 import autellix.sim.serving as serving
 from autellix.control.standing import TenantStanding
 from autellix.core import SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.workloads import make_programs
 
 HONEST_TENANT = "honest"

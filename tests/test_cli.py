@@ -297,7 +297,7 @@ def test_sim_and_bench_read_one_table_of_systems() -> None:
 def test_the_simulators_mlfq_is_the_plugin_running_mlfq_as_on_the_real_engine() -> None:
     """``mlfq`` runs the plugin (engine scheduler ``autellix``) with policy mlfq, as the benchmark's
     engine does; the engine model's own ``mlfq`` scheduler (``autellix emulate``) gives the same run."""
-    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.engine_profile import EngineProfile
     from autellix.sim.serving import sim_summary, simulate_programs
     from autellix.workloads import make_programs
     from autellix.workloads.systems import SYSTEMS, System
@@ -326,3 +326,54 @@ def test_up_with_replicas_refuses_before_starting_anything_without_a_store_serve
     run(["up", "--gateways", "3", "--store", "redis://store.example:6379/0"])  # a store of one's own will do
     run(["up"])  # and one gateway needs none
     assert len(recorded) == 2
+
+
+def configs_served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What ``autellix gateway`` and ``autellix epp`` would serve: their adapters replaced by stubs that record
+    the configuration they are given (the gateway's; the picker's)."""
+    import autellix.epp.serve
+    import autellix.gateway.serve
+
+    got: list[Any] = []
+    monkeypatch.setattr(autellix.gateway.serve, "serve", lambda config, *args, **kwargs: got.append(config))
+    monkeypatch.setattr(autellix.epp.serve, "serve", lambda config: got.append(config))
+    return got
+
+
+@pytest.mark.parametrize("command", ["gateway", "epp"])
+def test_the_store_url_goes_into_the_gateways_config_from_the_option_or_the_environment(
+        command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("envoy.service.ext_proc.v3")  # autellix epp's extra
+    got = configs_served(monkeypatch)
+    gateway_config: Callable[[Any], Any] = (lambda c: c) if command == "gateway" else (lambda c: c.gateway)
+    base = [command, "--engine", "http://127.0.0.1:9"]
+    run([*base, "--store", "redis://store:6379/0"])
+    monkeypatch.setenv("AUTELLIX_STORE", "redis://from-env:6379/1")
+    run(base)
+    run([*base, "--store", "redis://given:6379/2"])  # the option over the environment
+    monkeypatch.delenv("AUTELLIX_STORE")
+    run(base)
+    assert [gateway_config(c).store_url for c in got] == [
+        "redis://store:6379/0", "redis://from-env:6379/1", "redis://given:6379/2", None]
+
+
+@pytest.mark.parametrize("command", ["gateway", "epp"])
+def test_the_tenant_admin_and_engine_options_fold_into_the_gateways_config_alike(
+        command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    pytest.importorskip("envoy.service.ext_proc.v3")
+    got = configs_served(monkeypatch)
+    keys = tmp_path / "keys"
+    run([command, "--engine", "http://127.0.0.1:9", "--engine", "http://127.0.0.1:10", "--api-keys-file", str(keys),
+         "--allow-anonymous", "--admin-port", "0", "--admin-host", "0.0.0.0", "--admin-keys-file", str(keys),
+         "--tenant-max-concurrent", "4", "--tenant-max-queued", "2", "--tenant-queue-timeout", "5",
+         "--tenant-rpm", "60"])
+    (config,) = got
+    config = config if command == "gateway" else config.gateway
+    assert config.engines == ["http://127.0.0.1:9", "http://127.0.0.1:10"] and config.discovery is None
+    assert (config.api_keys_file, config.allow_anonymous, config.admin_port, config.admin_host,
+            config.admin_keys_file) == (keys, True, 0, "0.0.0.0", keys)
+    limits = config.tenant_limits
+    assert (limits.max_concurrent, limits.max_queued, limits.queue_timeout_s, limits.requests_per_minute) == (
+        4, 2, 5.0, 60.0)
+    refused = CliRunner().invoke(app, [command])  # no engine and no discovery
+    assert refused.exit_code == 2 and "give at least one --engine URL" in refused.output

@@ -71,3 +71,13 @@ def test_a_call_record_round_trips_and_bad_ones_are_refused() -> None:
     for bad in ({}, {**record.to_dict(), "service_s": -1}, {**record.to_dict(), "service_s": math.inf},
                 {**record.to_dict(), "wait_s": "soon"}):
         assert CallRecord.from_dict(bad) is None
+
+
+def test_a_calls_program_key_is_the_first_key_header_it_carries_the_one_envoy_hashes_on() -> None:
+    first, *rest = protocol.PROGRAM_KEY_HEADERS
+    assert first == protocol.SESSION_HEADER and tuple(rest) == protocol.IMPLICIT_SESSION_HEADERS
+    agent = protocol.AGENT_SESSION_HEADERS[0]
+    assert protocol.program_key({agent: "agent-1", protocol.SESSION_HEADER: "sess-1"}) == "sess-1"
+    assert protocol.program_key({protocol.FAIRNESS_ID_HEADERS[0]: "flow-1", agent: "agent-1"}) == "agent-1"
+    assert protocol.program_key({protocol.SESSION_HEADER: "", agent: "agent-1"}) == "agent-1"  # empty: absent
+    assert protocol.program_key({"content-type": "application/json"}) is None  # a one-call program

@@ -46,6 +46,20 @@ FAIRNESS_ID_HEADERS = ("x-gateway-inference-fairness-id", "x-llm-d-router-infere
                        "x-llm-d-inference-fairness-id")
 #: Every header that names an implicit session, in precedence order.
 IMPLICIT_SESSION_HEADERS = AGENT_SESSION_HEADERS + FAIRNESS_ID_HEADERS
+#: Where a call's program key is read, in order: the first present names it. Envoy hashes a call on it
+#: (``autellix.mesh.resources``), so a program's calls reach one gateway replica.
+PROGRAM_KEY_HEADERS = (SESSION_HEADER, *IMPLICIT_SESSION_HEADERS)
+
+
+def program_key(headers: Mapping[str, str]) -> str | None:
+    """The key Envoy hashes a call on (``PROGRAM_KEY_HEADERS``); None for a one-call program."""
+    for name in PROGRAM_KEY_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+
 #: Names the program that spawned this call's program (a subagent's parent): a session id, as in
 #: ``SESSION_HEADER``. Read when the subagent's program is opened.
 PARENT_HEADER = "X-Autellix-Parent"
@@ -111,7 +125,6 @@ XARG_PROGRAM, XARG_THREAD, XARG_CALL = "autellix_program", "autellix_thread", "a
 XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
 #: The subagent tree whose totals ``XARG_SERVICE`` and ``XARG_WAIT`` are (sent when not the program itself).
 XARG_TREE = "autellix_tree"
-XARG_KEYS = (XARG_PROGRAM, XARG_THREAD, XARG_CALL, XARG_SERVICE, XARG_WAIT, XARG_TREE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +184,6 @@ RECORD_HEADER = "X-Autellix-Record"
 #: ``GET FEEDBACK_PROGRAMS_PATH + quoted program id``: the engine's tally of one program
 #: (``ProgramService``); 404 when no call of it finished on this engine.
 FEEDBACK_PROGRAMS_PATH = FEEDBACK_PREFIX + "programs/"
-FEEDBACK_PROGRAM_ROUTE = FEEDBACK_PROGRAMS_PATH + "{program_id}"
 
 
 def record_header_value(record: Mapping[str, Any]) -> str:
@@ -306,7 +318,6 @@ __all__ = [
     "FEEDBACK_MAX_WAIT_S",
     "FEEDBACK_PREFIX",
     "FEEDBACK_PROGRAMS_PATH",
-    "FEEDBACK_PROGRAM_ROUTE",
     "FEEDBACK_WAIT_PARAM",
     "HEALTH_PATH",
     "IMPLICIT_SESSION_HEADERS",
@@ -319,6 +330,7 @@ __all__ = [
     "PARENT_HEADER",
     "PRIORITY_FIELD",
     "PRIORITY_HEADER",
+    "PROGRAM_KEY_HEADERS",
     "READY_PATH",
     "RECORD_HEADER",
     "RESPONSES_PATH",
@@ -331,7 +343,6 @@ __all__ = [
     "THREAD_HEADER",
     "XARGS_FIELD",
     "XARG_CALL",
-    "XARG_KEYS",
     "XARG_PROGRAM",
     "XARG_SERVICE",
     "XARG_THREAD",
@@ -343,6 +354,7 @@ __all__ = [
     "SchedulingFields",
     "feedback_call_path",
     "feedback_program_path",
+    "program_key",
     "record_header_value",
     "session_path",
 ]

@@ -26,8 +26,8 @@ import yaml
 from autellix.core import SchedulerConfig
 from autellix.gateway.metrics import GatewayMetrics
 from autellix.kube.manifests import engine_deployment
-from autellix.kube.rbac import OPERATOR_RULES
 from autellix.kube.spec import DEFAULT_ENGINE_GPU_IMAGE, DEFAULT_ENGINE_IMAGE, parse_engine
+from autellix_lab.operator_rights import OPERATOR_RULES
 from tests.chart.kube_binaries import helm_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -427,7 +427,7 @@ def expected_rules(scope: str) -> set[tuple[str, str, str]]:
                                                      ("autoscaling", [NAMESPACE, "team-a", "team-b"])])
 def test_operator_rbac_is_exactly_what_its_code_uses(render: Callable[[str], list[dict[str, Any]]], value_set: str,
                                                      served_in: list[str]) -> None:
-    """The roles grant the rules of autellix.kube.rbac (which tests/kube/test_rbac.py holds to the requests
+    """The roles grant the rules of autellix_lab.operator_rights (which tests/kube/test_rbac.py holds to the requests
     the operator makes): a Role in the release namespace and each of operator.namespaces, never a
     ClusterRole for what writes; cluster-wide only the CRDs, read."""
     docs = render(value_set)

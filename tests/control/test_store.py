@@ -41,10 +41,12 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def store(request: pytest.FixtureRequest) -> StoreFactory:
     if request.param == "memory":
         return memory_store
-    from autellix.control.redis_store import RedisProgramStore
+    from autellix.control.store.connection import StoreConnection
+    from autellix.control.store.redis_programs import RedisProgramStore
 
     url = request.getfixturevalue("redis_url")
-    return lambda: RedisProgramStore(url, policy_by_name("plas"), idle_ttl=10.0, prefix=f"{uuid.uuid4().hex}:")
+    return lambda: RedisProgramStore(StoreConnection(url, prefix=f"{uuid.uuid4().hex}:"), policy_by_name("plas"),
+                                     idle_ttl=10.0)
 
 
 def test_it_implements_the_interface(store: StoreFactory) -> None:

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from autellix.engine.kv_swap import block_views, gather_blocks, scatter_blocks
+from autellix.engine.kv.swap import block_views, gather_blocks, scatter_blocks
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "kv_kernel_gpu_check.py"
 

@@ -1,4 +1,4 @@
-"""Where the KV swap kernel comes from (autellix.engine.kv_kernel): a prebuilt extension first
+"""Where the KV swap kernel comes from (autellix.engine.kv.kernel): a prebuilt extension first
 ($AUTELLIX_KV_KERNEL, else an importable ``autellix_kv_swap``), a compile at run time only without
 one; and the prebuild the CUDA engine image runs: GPU architecture lists, machine code per
 architecture, the import. The GPU-side comparison is experiments/kv_kernel_gpu_check.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autellix.engine import kv_kernel
+from autellix.engine.kv import kernel as kv_kernel
 
 needs_toolkit = pytest.mark.skipif(kv_kernel.find_nvcc() is None or kv_kernel.find_cuobjdump() is None,
                                    reason="no CUDA toolkit (nvcc, cuobjdump)")

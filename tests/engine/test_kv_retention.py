@@ -1,4 +1,4 @@
-"""KV retention inside vLLM's real V1 ``Scheduler`` (``autellix.engine.harness``, fabricated model output):
+"""KV retention inside vLLM's real V1 ``Scheduler`` (``autellix_lab.harness``, fabricated model output):
 a paused program's prefix is pinned in vLLM's block pool, survives the churn that LRU would evict it in,
 and yields to any allocation that needs its blocks. Seconds, no server."""
 
@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from autellix.engine.harness import SAMPLED_TOKEN_ID, build_scheduler, make_request, step
-from autellix.engine.kv_retention import ENV_RETENTION, NoHostSwap, RetainingKVCacheManager
+from autellix.engine.kv.retention import ENV_RETENTION, NoHostSwap, RetainingKVCacheManager
 from autellix.engine.scheduler import AutellixScheduler
+from autellix_lab.harness import SAMPLED_TOKEN_ID, build_scheduler, make_request, step
 
 BLOCK = 16
 

@@ -27,7 +27,7 @@ SHAPE = ["--programs", "6", "--max-calls", "6", "--kv-blocks", "160", "--max-num
 
 
 def scenario(*args: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "autellix.engine.retention_scenario", *SHAPE, *args],
+    proc = subprocess.run([sys.executable, "-m", "autellix_lab.retention_scenario", *SHAPE, *args],
                           capture_output=True, text=True, timeout=900)
     for line in proc.stdout.splitlines():
         if line.startswith("AUTELLIX_RESULT "):

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autellix.engine.kv_pool import HostBlockPool, ResumeAccounting
-from autellix.engine.kv_swap import (
+from autellix.engine.kv.pool import HostBlockPool, ResumeAccounting
+from autellix.engine.kv.swap import (
     KVBlockMover,
     block_views,
     contiguous_runs,
@@ -244,8 +244,8 @@ def connectors() -> tuple:
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from autellix.engine.harness import _kv_cache_config
-    from autellix.engine.kv_connector import CONNECTOR, MODULE, AutellixSwapConnector
+    from autellix.engine.kv.connector import CONNECTOR, MODULE, AutellixSwapConnector
+    from autellix_lab.harness import _kv_cache_config
 
     config = SimpleNamespace(kv_transfer_config=KVTransferConfig(
         kv_connector=CONNECTOR, kv_connector_module_path=MODULE, kv_role="kv_both",
@@ -383,7 +383,7 @@ def test_a_paused_programs_prefix_is_saved_as_vllm_reuses_its_blocks_and_loaded_
 
 def test_kv_transfer_args_validate_the_pool_size() -> None:
     pytest.importorskip("vllm")
-    from autellix.engine.kv_connector import host_pool_blocks, kv_transfer_args
+    from autellix.engine.kv.connector import host_pool_blocks, kv_transfer_args
 
     assert '"host_pool_blocks": 8' in kv_transfer_args(8)[1]
     with pytest.raises(ValueError, match="host_pool_blocks"):
@@ -415,7 +415,7 @@ def test_connector_counters_reach_prometheus() -> None:
     from prometheus_client import REGISTRY, Counter, Gauge, Histogram
     from vllm.v1.metrics.prometheus import unregister_vllm_metrics
 
-    from autellix.engine.kv_connector import AutellixSwapConnector, KVSwapStats
+    from autellix.engine.kv.connector import AutellixSwapConnector, KVSwapStats
 
     unregister_vllm_metrics()
     try:

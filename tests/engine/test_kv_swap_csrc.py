@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autellix.engine import kv_kernel
-from autellix.engine.kv_swap import KVBlockMover, block_views, gather_blocks, scatter_blocks
+from autellix.engine.kv import kernel as kv_kernel
+from autellix.engine.kv.swap import KVBlockMover, block_views, gather_blocks, scatter_blocks
 
 needs_toolkit = pytest.mark.skipif(kv_kernel.find_nvcc() is None, reason="no CUDA toolkit (nvcc)")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

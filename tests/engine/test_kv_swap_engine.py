@@ -20,7 +20,7 @@ pytestmark = pytest.mark.engine
 
 
 def scenario(*args: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "autellix.engine.kv_scenario", *args],
+    proc = subprocess.run([sys.executable, "-m", "autellix_lab.kv_scenario", *args],
                           capture_output=True, text=True, timeout=400)
     for line in proc.stdout.splitlines():
         if line.startswith("AUTELLIX_RESULT "):

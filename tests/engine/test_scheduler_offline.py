@@ -1,5 +1,5 @@
 """Autellix's scheduler inside vLLM's real V1 ``Scheduler`` class, stepped in-process
-with fabricated model output (``autellix.engine.harness``): every decision of
+with fabricated model output (``autellix_lab.harness``): every decision of
 the plugin, in milliseconds, deterministic."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ pytest.importorskip("vllm")
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from autellix.engine.harness import build_scheduler, make_request, step
 from autellix.engine.scheduler import AutellixScheduler
+from autellix_lab.harness import build_scheduler, make_request, step
 
 
 def xargs(program: str, service: float = 0.0, wait: float = 0.0, call: str | None = None) -> dict:

@@ -20,8 +20,8 @@ import pytest
 
 from autellix.child_processes import free_ports
 from autellix.client import session
-from autellix.epp.envoy_config import GatewayListener
-from autellix.epp.local import LocalGie, PickerProcess
+from autellix_lab.epp_local import LocalGie, PickerProcess
+from autellix_lab.gie_envoy import GatewayListener
 from tests.epp.conftest import MODEL, StandIn, StandIns, fetch, metric
 
 FAIRNESS = "x-gateway-inference-fairness-id"

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from autellix.child_processes import free_ports
-from autellix.epp.envoy_config import GatewayListener
-from autellix.epp.local import LocalGie, PickerProcess
 from autellix.mesh.local import LocalRedis
 from autellix.protocol import SESSION_HEADER
+from autellix_lab.epp_local import LocalGie, PickerProcess
+from autellix_lab.gie_envoy import GatewayListener
 from tests.epp.conftest import MODEL, StandIns, fetch
 from tests.live import gateway
 

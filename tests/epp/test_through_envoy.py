@@ -25,8 +25,8 @@ import pytest
 from autellix.child_processes import free_ports
 from autellix.engine.launch import EngineProcess
 from autellix.epp.contract import endpoint_of
-from autellix.epp.envoy_config import GatewayListener
-from autellix.epp.local import LocalGie, PickerProcess
+from autellix_lab.epp_local import LocalGie, PickerProcess
+from autellix_lab.gie_envoy import GatewayListener
 from tests.epp.conftest import fetch, metric
 from tests.live import MODEL, TOKENIZER, gateway
 

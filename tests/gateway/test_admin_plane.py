@@ -50,12 +50,12 @@ async def test_admin_key_opens_sessions_for_a_tenant_and_drains(tmp_path: Path) 
         for key in (None, "wrong-key-of-some-length"):
             status, body = await call("POST", admin + "/admin/sessions", {"tenant": "team-a"}, key=key)
             assert status == 401 and body["error"]["code"] == "invalid_admin_key"
-        assert not list(gateway.store.programs())
+        assert not list(gateway.store.programs.programs())
 
         status, opened = await call("POST", admin + "/admin/sessions", {"tenant": "team-a"})
         assert status == 201 and opened["tenant"] == "team-a"
         sid = opened["id"]
-        assert (await gateway.store.load(sid)).owner == "team-a"  # the tenant's, not the operator's
+        assert (await gateway.store.programs.load(sid)).owner == "team-a"  # the tenant's, not the operator's
         status, view = await call("GET", f"{admin}/admin/sessions/{sid}")
         assert status == 200 and view["tenant"] == "team-a" and view["calls_done"] == 0
         for bad in ({"tenant": "no/slashes"}, {"tenant": 3}, {"owner": "x"}, [1]):
@@ -91,7 +91,7 @@ async def test_tenants_see_engine_labels_never_addresses_and_the_admin_sees_urls
         async with aiohttp.ClientSession() as http, http.post(base + "/v1/chat/completions", json=body,
                                                               headers={"X-Autellix-Session": sid}) as r:
             assert r.status == 200, await r.text()
-        assert gateway.store.pins(sid) == {MODEL: engine.url}  # the store pins by address
+        assert gateway.store.programs.pins(sid) == {MODEL: engine.url}  # the store pins by address
         label = engine_label(engine.url)
         async with aiohttp.ClientSession() as http, http.get(f"{base}/v1/sessions/{sid}") as r:
             raw = await r.text()

@@ -40,7 +40,7 @@ async def test_bad_calls_are_400_and_reach_no_engine(body: dict[str, Any], param
         status, answer = await post(base, body, {"x-session-id": "edge-program"})
         assert status == 400, answer
         assert answer["error"]["param"] == param and answer["error"]["type"] == "invalid_request_error"
-        assert engine.calls == 0 and await gateway.store.load("edge-program") is None  # nothing changed
+        assert engine.calls == 0 and await gateway.store.programs.load("edge-program") is None  # nothing changed
 
 
 @pytest.mark.asyncio

@@ -191,7 +191,7 @@ async def test_sessions_per_tenant_are_bounded(tmp_path: Path) -> None:
         ids = [(await request("POST", base + "/v1/sessions", KEY_A))[1]["id"] for _ in range(2)]
         status, body, headers = await request("POST", base + "/v1/sessions", KEY_A)
         assert status == 429 and body["error"]["code"] == "session_limit" and "Retry-After" in headers
-        assert len(list(gateway.store.programs())) == 2  # the refused one opened nothing
+        assert len(list(gateway.store.programs.programs())) == 2  # the refused one opened nothing
         assert (await request("POST", base + "/v1/sessions", KEY_B))[0] == 201  # another tenant's own bound
         assert (await request("DELETE", f"{base}/v1/sessions/{ids[0]}", KEY_A))[0] == 200
         assert (await request("POST", base + "/v1/sessions", KEY_A))[0] == 201

@@ -161,7 +161,7 @@ async def test_a_client_that_stops_reading_is_given_up_within_the_write_timeout_
             began = time.monotonic()  # ...and from here the client reads nothing
             await asyncio.wait_for(engine.disconnected.wait(), 10)
             for _ in range(100):
-                entry = await gw.store.load("slow-reader")
+                entry = await gw.store.programs.load("slow-reader")
                 if entry is not None and not entry.active and gw.pool is not None and not any(
                         e.inflight for e in gw.pool.engines.values()):
                     break

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from autellix.engine import kv_kernel
+from autellix.engine.kv import kernel as kv_kernel
 from tests.images.test_image_tooling import ROOT, commands, ignored, script
 from tests.images.test_image_tooling import stages as image_stages
 
@@ -60,9 +60,9 @@ def test_the_kernel_is_prebuilt_for_ampere_and_hopper_at_least() -> None:
     archs = {a.sm for a in kv_kernel.parse_arch_list(arg("TORCH_CUDA_ARCH_LIST"))}
     assert {"sm_80", "sm_90"} <= archs
     _, build, _ = stages()
-    assert ("-m autellix.engine.kv_kernel prebuild --out /opt/autellix/app" in build
+    assert ("-m autellix.engine.kv.kernel prebuild --out /opt/autellix/app" in build
             and '--arch-list "${TORCH_CUDA_ARCH_LIST}"' in build and "CUDA_HOME=/opt/cuda-build/nvidia/cu13" in build)
-    assert "kv_kernel where" in build  # the build fails unless load() takes the prebuilt module
+    assert "kv.kernel where" in build  # the build fails unless load() takes the prebuilt module
     assert "triton_driver_cache.py --cache /opt/triton-cache" in build
 
 

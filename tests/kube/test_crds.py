@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from autellix.kube.crd_schema import regenerate
 from autellix.kube.spec import SpecError, parse_engine, parse_program
+from autellix_lab.crd_schema import regenerate
 from tests.kube.conftest import CRDS, ROOT, load_crd
 from tests.kube.test_manifests import PLACED, VERSIONS
 
@@ -99,9 +99,9 @@ def test_examples_match_their_crd_and_the_operator_accepts_them(path: Path) -> N
 
 
 def test_generated_schemas_are_current() -> None:
-    """The placement fields' schemas are Kubernetes' own (autellix.kube.crd_schema); regenerating changes nothing."""
+    """The placement fields' schemas are Kubernetes' own (autellix_lab.crd_schema); regenerating changes nothing."""
     text = (ROOT / "crds" / "autellixengine.yaml").read_text()
-    assert regenerate(text) == text, "stale: run python -m autellix.kube.crd_schema"
+    assert regenerate(text) == text, "stale: run python -m autellix_lab.crd_schema"
 
 
 def test_schema_knows_every_placement_field_and_nothing_else() -> None:

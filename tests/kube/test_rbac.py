@@ -1,4 +1,4 @@
-"""The operator's RBAC (autellix.kube.rbac, which the chart renders) against what its code does in the
+"""The operator's RBAC (autellix_lab.operator_rights, which the chart renders) against what its code does in the
 emulated cluster: every request the operators made in this session's tests was granted, and every grant
 was used, or is named below with the reason no emulated test reaches it.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from autellix.kube.rbac import OPERATOR_RULES, granted
+from autellix_lab.operator_rights import OPERATOR_RULES, granted
 from tests.kube.conftest import ACCESS_FROM, OPERATOR_ACCESS
 
 #: Modules whose operators together exercise every code path that calls the API.

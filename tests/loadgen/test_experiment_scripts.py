@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autellix.loadgen.stack_sweep import ENGINE_SETTINGS
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import simulate_programs
 from autellix.workloads import make_programs
 from autellix.workloads.data import workloads_available

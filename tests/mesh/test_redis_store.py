@@ -1,6 +1,6 @@
 """The shared program store against a real Redis-compatible server (``LocalRedis``, started here on a free port).
 
-Two ``RedisProgramStore`` objects on one server stand for two gateway replicas:
+Two ``RedisProgramStore`` objects on one server, each on a connection of its own, stand for two gateway replicas:
 a program served by one must be taken over by the other with its state. The
 outage tests kill, stop (SIGSTOP) and restart a server of their own.
 """
@@ -20,10 +20,12 @@ import pytest_asyncio
 import redis
 import redis.asyncio as aioredis
 
-from autellix.control.redis_store import _MERGE, RedisProgramStore
-from autellix.control.store import ProgramStore
-from autellix.core import PLAS, DuplicateProgram
+from autellix.control.store.programs import ProgramStore
+from autellix.control.store.redis_programs import RedisProgramStore
+from autellix.control.store.scripts import MERGE
+from autellix.core import DuplicateProgram
 from autellix.mesh.local import LocalRedis
+from tests.mesh.replicas import replica, stop
 
 # In CI (CI=true) a missing server fails the tests instead of skipping them.
 pytestmark = pytest.mark.skipif(not os.environ.get("CI") and not LocalRedis.available(),
@@ -40,12 +42,12 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 async def replicas(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[tuple[RedisProgramStore, ...]]:
     """Two replicas' stores, under a key prefix of this test's own."""
     prefix = f"test:{request.node.name}:"
-    stores = tuple(RedisProgramStore(redis_url, PLAS(), idle_ttl=600, prefix=prefix) for _ in range(2))
+    stores = tuple(replica(redis_url, idle_ttl=600, prefix=prefix) for _ in range(2))
     try:
         yield stores
     finally:
         for store in stores:
-            await store.close()
+            await stop(store)
 
 
 def finish_call(store: RedisProgramStore, program_id: str, call_id: str, model_time: float) -> None:
@@ -81,13 +83,13 @@ async def test_state_is_written_behind_on_its_own(replicas: tuple[RedisProgramSt
     a, b = replicas
     assert a.flush_interval == 0.5  # every half second: within the interface's 1 s
     with pytest.raises(ValueError, match="within 1 s"):
-        RedisProgramStore(redis_url, PLAS(), flush_interval=2.0)
+        replica(redis_url, flush_interval=2.0)
     await a.open("behind", time.monotonic())
     finish_call(a, "behind", "c1", 3.0)  # no flush: the store's own write-behind
     deadline = time.monotonic() + 10  # generous: 2 shared cores; the period is what bounds it
     seen = 0.0
     while time.monotonic() < deadline and seen != 3.0:
-        fields = await b.redis.hgetall(b._program_key("behind"))
+        fields = await b.redis.hgetall(b.keys.program("behind"))
         seen = float(fields.get("service", 0))
         await asyncio.sleep(0.02)
     assert seen == 3.0
@@ -104,7 +106,7 @@ async def test_two_replicas_serving_one_program_at_once_add_up(replicas: tuple[R
     await b.flush()
     finish_call(a, "flap", "c3", 0.5)  # A still held it and served one more call (membership flapping)
     await a.flush()
-    fields = await a.redis.hgetall(a._program_key("flap"))
+    fields = await a.redis.hgetall(a.keys.program("flap"))
     assert float(fields["service"]) == 3.5 and float(fields["calls_done"]) == 3  # every call, once
     assert float(fields["critical_path"]) == 3.0  # a maximum: B's chain c1 + c2, not A's c1 + c3, not a sum
     # A, unused for a while, catches up on its next load: the store's sums plus nothing new of its own.
@@ -113,7 +115,7 @@ async def test_two_replicas_serving_one_program_at_once_add_up(replicas: tuple[R
     assert caught_up is not None and (caught_up.service, caught_up.calls_done) == (3.5, 3)
     finish_call(a, "flap", "c4", 0.25)
     await a.flush()  # and then adds only its own new call
-    assert float((await a.redis.hgetall(a._program_key("flap")))["service"]) == 3.75
+    assert float((await a.redis.hgetall(a.keys.program("flap")))["service"]) == 3.75
 
 
 @pytest.mark.asyncio
@@ -124,14 +126,14 @@ async def test_a_failed_write_behind_is_added_by_the_next(replicas: tuple[RedisP
     finish_call(a, "retry", "c1", 1.0)
     real = a.redis
     a.redis = aioredis.Redis.from_url("redis://127.0.0.1:1/0")  # nothing listens there
-    a._merge = a.redis.register_script(_MERGE)
+    a._merge = a.redis.register_script(MERGE)
     with pytest.raises(redis.ConnectionError):
         await a.flush()
     await a.redis.aclose()
-    a.redis, a._merge = real, real.register_script(_MERGE)
+    a.redis, a._merge = real, real.register_script(MERGE)
     finish_call(a, "retry", "c2", 1.0)
     await a.flush()
-    assert float((await a.redis.hgetall(a._program_key("retry")))["service"]) == 2.0
+    assert float((await a.redis.hgetall(a.keys.program("retry")))["service"]) == 2.0
 
 
 @pytest.mark.asyncio
@@ -146,13 +148,13 @@ async def test_an_ended_program_is_ended_for_every_replica(replicas: tuple[Redis
     ended = await b.end("done")  # DELETE /v1/sessions/done reached B
     assert ended is not None and ended.service == 1.0
     await a.flush()  # A's pending write behind does not bring it back
-    assert await a.redis.exists(a._program_key("done")) == 0
-    fresh = RedisProgramStore(redis_url, PLAS(), prefix=a.prefix)  # a third replica, started later
+    assert await a.redis.exists(a.keys.program("done")) == 0
+    fresh = replica(redis_url, prefix=a.keys.prefix)  # a third replica, started later
     try:
         assert await fresh.load("done") is None
         assert await fresh.ended("done")  # late calls anywhere get a clear 404
     finally:
-        await fresh.close()
+        await stop(fresh)
 
 
 @pytest.mark.asyncio
@@ -181,7 +183,7 @@ async def test_an_id_reused_after_its_end_is_a_new_program_everywhere(replicas: 
     finish_call(b, "again", "c2", 1.0)
     await b.flush()
     await a.flush()  # A's pending write is for the earlier program: dropped, not added to this one
-    fields = await a.redis.hgetall(a._program_key("again"))
+    fields = await a.redis.hgetall(a.keys.program("again"))
     assert float(fields["service"]) == 1.0 and float(fields["calls_done"]) == 1
     a._used["again"] -= a.revalidate_after + 1  # A's copy, unused for a while, is of the earlier program
     taken = await a.load("again")
@@ -198,12 +200,12 @@ def own_server(tmp_path: Path) -> Iterator[LocalRedis]:
 
 @pytest_asyncio.fixture
 async def pair(own_server: LocalRedis) -> AsyncIterator[tuple[RedisProgramStore, ...]]:
-    stores = tuple(RedisProgramStore(own_server.url, PLAS(), idle_ttl=600) for _ in range(2))
+    stores = tuple(replica(own_server.url, idle_ttl=600) for _ in range(2))
     try:
         yield stores
     finally:
         for store in stores:
-            await store.close()
+            await stop(store)
 
 
 def stale(store: RedisProgramStore, program_id: str) -> None:
@@ -215,7 +217,7 @@ def stale(store: RedisProgramStore, program_id: str) -> None:
 async def test_a_store_that_restarts_empty_gets_every_program_back(pair: tuple[RedisProgramStore, ...],
                                                                    own_server: LocalRedis) -> None:
     a, b = pair
-    c = RedisProgramStore(own_server.url, PLAS(), idle_ttl=600)  # a replica with nothing to do in the outage
+    c = replica(own_server.url, idle_ttl=600)  # a replica with nothing to do in the outage
     await c.ping()
     await a.open("held", time.monotonic(), owner="key-1")
     finish_call(a, "held", "c1", 1.0)
@@ -247,34 +249,34 @@ async def test_a_store_that_restarts_empty_gets_every_program_back(pair: tuple[R
     assert on_its_way is not None and c.health.up
     finish_call(c, "held", "c5", 0.25)
     await a.ping()  # A notices the new epoch: it writes everything back, and says so to the others
-    late = RedisProgramStore(own_server.url, PLAS(), idle_ttl=600)
+    late = replica(own_server.url, idle_ttl=600)
     assert await late.load("only-on-b") is not None  # B has not written it back yet
     await b.ping()
     await c.ping()
     await late.ping()
-    await late.close()
+    await stop(late)
     assert a.health.up and b.health.up
-    fields = await a.redis.hgetall(a._program_key("held"))
+    fields = await a.redis.hgetall(a.keys.program("held"))
     assert float(fields["service"]) == 3.25 and float(fields["calls_done"]) == 3  # A's view, plus C's call
-    assert await a.redis.exists(a._program_key("only-on-b"))
-    fields = await a.redis.hgetall(a._program_key("new-on-a"))
+    assert await a.redis.exists(a.keys.program("only-on-b"))
+    fields = await a.redis.hgetall(a.keys.program("new-on-a"))
     assert json.loads(fields["owner"]) == "key-1"  # the opener's, not B's guess
     assert float(fields["service"]) == 0.5 and float(fields["calls_done"]) == 1  # B's call
-    assert not await a.redis.exists(a._program_key("typo")) and "typo" not in b  # ...and forgotten: no call ran
-    assert await a.redis.exists(a._ended_key("ends"))
+    assert not await a.redis.exists(a.keys.program("typo")) and "typo" not in b  # ...and forgotten: no call ran
+    assert await a.redis.exists(a.keys.ended("ends"))
     assert b.entry("new-on-a").owner == "key-1"  # B caught up with the store
-    fresh = RedisProgramStore(own_server.url, PLAS(), idle_ttl=600)  # a replica that held none of them
+    fresh = replica(own_server.url, idle_ttl=600)  # a replica that held none of them
     try:
         for program_id, service in (("held", 3.25), ("new-on-a", 0.5)):
             entry = await fresh.load(program_id)
             assert entry is not None and entry.service == service, program_id
         assert await fresh.load("ends") is None and await fresh.ended("ends")
     finally:
-        await fresh.close()
+        await stop(fresh)
     finish_call(b, "new-on-a", "c4", 1.0)  # and calls after the outage add up as before
     await b.flush()
-    assert float((await a.redis.hgetall(a._program_key("new-on-a")))["service"]) == 1.5
-    await c.close()
+    assert float((await a.redis.hgetall(a.keys.program("new-on-a")))["service"]) == 1.5
+    await stop(c)
 
 
 @pytest.mark.asyncio
@@ -301,7 +303,7 @@ async def test_a_store_out_of_reach_for_a_while_keeps_its_state_and_gets_the_cal
     await a.ping()
     await b.ping()
     await a.flush()
-    fields = await a.redis.hgetall(a._program_key("p"))
+    fields = await a.redis.hgetall(a.keys.program("p"))
     assert float(fields["service"]) == 3.5 and float(fields["calls_done"]) == 3  # every call, once
     stale(b, "p")
     caught_up = await b.load("p")
@@ -324,9 +326,9 @@ async def test_a_write_the_store_applied_without_answering_counts_once(pair: tup
     finally:
         own_server.process.send_signal(signal.SIGCONT)
     deadline = time.monotonic() + 10
-    while float((await a.redis.hgetall(a._program_key("once")))["service"]) != 3.0:
+    while float((await a.redis.hgetall(a.keys.program("once")))["service"]) != 3.0:
         assert time.monotonic() < deadline, "the store never applied the write it had received"
         await asyncio.sleep(0.05)
     await a.flush()  # the same write again: applied already, so nothing more
-    fields = await a.redis.hgetall(a._program_key("once"))
+    fields = await a.redis.hgetall(a.keys.program("once"))
     assert float(fields["service"]) == 3.0 and float(fields["calls_done"]) == 2

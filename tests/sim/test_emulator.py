@@ -22,7 +22,7 @@ from autellix.backends import parse_metrics
 from autellix.child_processes import free_port
 from autellix.protocol import RECORD_HEADER
 from autellix.sim.emulator import EmulatedEngine, emulator_process, serve
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from tests.live import gateway, http
 
 MODEL = "emulated"

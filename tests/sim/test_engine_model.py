@@ -8,7 +8,9 @@ import random
 import pytest
 
 from autellix.sim.cost_model import StepCost
-from autellix.sim.engine_model import EngineModel, EngineProfile, SimRequest, StepResult, bundled_profiles
+from autellix.sim.engine_model import EngineModel
+from autellix.sim.engine_profile import EngineProfile, bundled_profiles
+from autellix.sim.engine_request import SimRequest, StepResult
 from autellix.sim.kv_cache import BlockPool
 
 COST = StepCost(overhead=0.01, per_prefill_token=1e-4, per_decode_seq=1e-4, per_kv_token=1e-7)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from autellix.sim.cost_model import StepCost
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.workloads import AgentProgram, fit_messages
 

@@ -8,7 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from autellix.sim.cost_model import StepCost
-from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
+from autellix.sim.engine_model import EngineModel
+from autellix.sim.engine_profile import EngineProfile
+from autellix.sim.engine_request import RequestOutcome, SimRequest
 
 COST = StepCost(overhead=0.01, per_prefill_token=1e-4, per_decode_seq=1e-4, per_kv_token=1e-7)
 BLOCK = 16

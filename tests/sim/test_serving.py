@@ -14,7 +14,8 @@ from autellix.cli import app
 from autellix.core import ProcessTable, SchedulerConfig
 from autellix.engine.tiny_model import build_tiny_model
 from autellix.sim.cost_model import StepCost
-from autellix.sim.engine_model import EngineModel, EngineProfile
+from autellix.sim.engine_model import EngineModel
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import render, sim_summary, simulate_programs, speed_stats
 from autellix.sim.virtual_loop import Deadlock, run_virtual
 from autellix.workloads import AgentProgram, fit_messages, make_programs
@@ -260,3 +261,20 @@ def test_width_aware_atlas_keeps_wide_programs_from_buying_priority(monkeypatch:
     assert width_aware < 0.5 * paper
     # charging a round as it starts keeps its calls out of Q1 until the first finishes
     assert committed < 0.9 * width_aware
+
+
+def test_the_gateway_runs_each_policys_own_queue_layout() -> None:
+    """The gateway's queue levels come from the policy (``Policy.queues``), as the engine plugin's do."""
+    from autellix.core import QueueSpec, policy_by_name
+    from autellix.sim.serving import SimGateway
+    from autellix.workloads.systems import SYSTEMS
+
+    config = SchedulerConfig()
+
+    async def layouts() -> dict[str, QueueSpec]:
+        return {name: SimGateway(SYSTEMS[name], config, {}).controller.queues for name in ("autellix", "mlfq", "vllm")}
+
+    got = asyncio.run(layouts())
+    assert got["autellix"] == policy_by_name("atlas").queues(config) == QueueSpec.from_config(config)
+    assert got["mlfq"] == policy_by_name("mlfq").queues(config) != QueueSpec.from_config(config)
+    assert got["vllm"] == policy_by_name("fcfs").queues(config)

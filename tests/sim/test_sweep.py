@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autellix.cli import app
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.fidelity import compare, compare_file
 from autellix.sim.sweep import Load, figure12, figure14, write_report
 from autellix.workloads.data import workloads_available

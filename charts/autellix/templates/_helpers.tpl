@@ -135,7 +135,7 @@ seccompProfile:
 {{- include "autellix.operatorName" . }}
 {{- end }}
 
-{{/* The operator's rules in the namespaces it serves (autellix.kube.rbac.OPERATOR_RULES, scope "served"). */}}
+{{/* The operator's rules in the namespaces it serves (autellix_lab.operator_rights.OPERATOR_RULES, scope "served"). */}}
 {{- define "autellix.operatorServedRules" -}}
 # Its resources: kopf's watch and progress annotations (and dropping a finalizer an older operator
 # left); a child's event reads its engine; the autoscaler patches spec.replicas.

@@ -35,7 +35,7 @@ def emulate(
 
     from autellix.core import SchedulerConfig
     from autellix.sim.emulator import EmulatedEngine, serve
-    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.engine_profile import EngineProfile
 
     if scheduler not in SCHEDULERS:
         raise fail(f"unknown scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")

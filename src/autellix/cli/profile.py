@@ -29,7 +29,7 @@ def profile(
     import json
 
     from autellix.sim.cost_model import StepCost
-    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.engine_profile import EngineProfile
     from autellix.sim.profiling import DEFAULT_GROUPS, INTERFERENCE, build_profile, engine_cache_config, measure
 
     try:

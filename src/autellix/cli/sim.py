@@ -84,7 +84,7 @@ def _sim_programs(profile_name: str, *, workload: str, programs: int, rate: floa
     import json
 
     from autellix.core import SchedulerConfig
-    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.engine_profile import EngineProfile
     from autellix.sim.serving import balancer_name, sim_summary, simulate_programs, speed_stats
     from autellix.workloads import make_programs
 
@@ -153,7 +153,7 @@ def sim_sweep(
     round robin vs least used vs Algorithm 2) in simulation: JSON, plots, throughput ratios."""
     import time
 
-    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.engine_profile import EngineProfile
     from autellix.sim.sweep import A100_LOADS, MULTI_LOADS, figure12, figure14, write_report
 
     chosen = set(comma_list(figures))
@@ -252,7 +252,7 @@ def sim_fidelity(
     """Replay a real benchmark sweep in the simulator: simulated vs measured program token latency."""
     import json
 
-    from autellix.sim.engine_model import EngineProfile
+    from autellix.sim.engine_profile import EngineProfile
     from autellix.sim.fidelity import compare_file
 
     try:

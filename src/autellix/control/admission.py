@@ -24,12 +24,12 @@ first call lands on one replica), each against the whole pool's capacity.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autellix.control.background import cancel
 from autellix.control.limits import Refusal
 from autellix.core.admission import AlreadyKnown, ProgramAdmission, Verdict
 from autellix.core.engine_load import EngineLoad
@@ -117,10 +117,7 @@ class ProgramGate:
         self._task = asyncio.create_task(self._loop(), name="program-admission")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel(self._task)
         for waiter in self._waiters.values():
             waiter.cancel()
         self._waiters.clear()

@@ -32,7 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from autellix.backends.base import CallOutcome, EngineBackend
 from autellix.control.ids import UniqueIds
 from autellix.control.sessions import CallOwner
-from autellix.control.store import ProgramStore
+from autellix.control.store.programs import ProgramStore
 from autellix.core import Balancer, NoEngine, Policy, QueueSpec
 from autellix.protocol import APIError, CallRecord, SchedulingFields
 

@@ -54,11 +54,6 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def key_identity(key: str) -> str:
-    """A short, stable, non-reversible name of a key (logs, bare keys' tenant names)."""
-    return key_digest(key)[:16]
-
-
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """Who a call is: the tenant its key belongs to. Sessions, limits and
@@ -242,4 +237,4 @@ class KeyRing:
 
 
 __all__ = ["ENV_ADMIN_KEYS", "ENV_API_KEYS", "MIN_KEY_LENGTH", "KeyRing", "KeySource", "KeysError", "Tenant",
-           "key_digest", "key_identity", "parse_entries", "sources_from"]
+           "key_digest", "parse_entries", "sources_from"]

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 from autellix.control.admission import ProgramGate
 from autellix.control.ids import UniqueIds
-from autellix.control.response_records import StoredResponse
 from autellix.control.standing import TenantStanding
-from autellix.control.store import ProgramStore
+from autellix.control.store.programs import ProgramStore
+from autellix.control.store.responses import StoredResponse
 from autellix.core import DuplicateProgram, ProgramEntry
 from autellix.protocol import (
     AGENT_PARENT_HEADERS,

@@ -32,7 +32,7 @@ program has been away, the predictor says when it is expected back (the
 conditional median) and how likely it is to return at all.
 
 Pure and deterministic: time is passed in, the standard library only. The
-vLLM scheduler plugin (``autellix.engine.kv_retention``) and the simulator's
+vLLM scheduler plugin (``autellix.engine.kv.retention``) and the simulator's
 engine model (``autellix.sim.engine_model``) both decide with this module.
 """
 

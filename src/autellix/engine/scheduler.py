@@ -20,7 +20,7 @@ rewrites, ``Scheduler.schedule``:
    (synchronously here), so that interval is each scheduled call's model time.
    Quanta count in scheduler steps: one decode token, or one prefill chunk.
 
-4. KV retention across tool pauses (``autellix.engine.kv_retention``): when a
+4. KV retention across tool pauses (``autellix.engine.kv.retention``): when a
    program's last call leaves, its prefix is held for the program's next call
    and given back, in the order ``autellix.core.kv_retention`` decides, when
    an allocation finds the free list short.
@@ -48,9 +48,9 @@ from vllm.v1.request import Request, RequestStatus
 from autellix.core import SchedulerConfig
 from autellix.core.preemption import lost_kv_tokens
 from autellix.engine.feedback import FeedbackPublisher
-from autellix.engine.kv_connector import AutellixSwapConnector
-from autellix.engine.kv_pool import ResumeAccounting
-from autellix.engine.kv_retention import (
+from autellix.engine.kv.connector import AutellixSwapConnector
+from autellix.engine.kv.pool import ResumeAccounting
+from autellix.engine.kv.retention import (
     HostSwap,
     NoHostSwap,
     PrefixRetention,

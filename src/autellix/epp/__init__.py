@@ -13,8 +13,10 @@ the gateway is the transport, Autellix still ranks programs and places calls.
 * ``own_routes``: the gateway's session routes and ``/ready``, answered by the picker;
 * ``metrics``: ``autellix_epp_*``;
 * ``config``, ``compose``: the picker's configuration and composition root (the gateway's parts);
-* ``serve``: the process (gRPC ext_proc and health, HTTP metrics, the stop on SIGTERM);
-* ``envoy_config``, ``local``: Envoy configured as a GIE gateway, and both on this machine (tests, experiments).
+* ``serve``: the process (gRPC ext_proc and health, HTTP metrics, the stop on SIGTERM).
+
+Envoy configured as a GIE gateway, and both on this machine for tests and experiments, are
+``autellix_lab.gie_envoy`` and ``autellix_lab.epp_local`` (not shipped).
 
 Needs the ``epp`` extra (``grpcio``, ``grpcio-health-checking``, ``xds-protos``); ``docs/epp.md``.
 """

@@ -1,8 +1,8 @@
 """The endpoint picker's composition root: the gateway's parts (``build_gateway``), and the picker over them.
 
 The picker runs the aiohttp gateway's parts, built by the gateway's own
-composition root from the same configuration: the program store (shared through
-Redis with ``store_url``) and the session rules, the engine pool and its
+composition root from the same configuration: the store (shared through
+Redis with ``gateway.store_url``) and the session rules, the engine pool and its
 discovery, the request controller and its policy, tenants' keys and limits, the
 metrics registry and the admin listener. Only the transport differs: Envoy's
 ext_proc stream (``autellix.epp.exchange``) instead of the tenants' HTTP routes.
@@ -11,7 +11,6 @@ ext_proc stream (``autellix.epp.exchange``) instead of the tenants' HTTP routes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from autellix.epp.config import PickerConfig
@@ -26,17 +25,14 @@ class PickerParts:
     gateway: Gateway
     picker: Picker
     metrics: PickerMetrics
-    #: The shared store's ping (None: in memory), looked at every second by the server.
-    store_ping: Callable[[], Awaitable[object]] | None
     #: Set while the picker takes calls: from the server's start until SIGTERM.
     ready: asyncio.Event
 
 
 def build_picker(config: PickerConfig) -> PickerParts:
-    gateway, ping = build_gateway(config.gateway, store_url=config.store_url)
+    gateway = build_gateway(config.gateway)
     metrics, ready = PickerMetrics(gateway.metrics.registry), asyncio.Event()
-    return PickerParts(gateway=gateway, picker=Picker(gateway, config, metrics, ready), metrics=metrics,
-                       store_ping=ping, ready=ready)
+    return PickerParts(gateway=gateway, picker=Picker(gateway, config, metrics, ready), metrics=metrics, ready=ready)
 
 
 __all__ = ["PickerParts", "build_picker"]

@@ -10,7 +10,8 @@ from autellix.gateway.config import GatewayConfig
 @dataclass
 class PickerConfig:
     #: Everything the picker shares with the aiohttp gateway: engines and their discovery, the scheduler, the
-    #: backend, tenant keys and limits, the checks of a call's body, the admin listener.
+    #: backend, tenant keys and limits, the checks of a call's body, the admin listener, and the store shared
+    #: with other pickers and gateways (``gateway.store_url``; None: in memory).
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     #: Where the gRPC server listens: Envoy's ext_proc service and the gRPC health services.
     host: str = "127.0.0.1"
@@ -24,8 +25,6 @@ class PickerConfig:
     #: Seconds from a call's last body byte to the routing answer (the program store's round trips, say);
     #: past it the call gets a 503. A tenant's queue wait is bounded on its own (``tenant_limits``).
     decision_timeout: float = 10.0
-    #: The program store shared with other pickers and gateways (``redis://``); None: in memory.
-    store_url: str | None = None
     #: SIGTERM: seconds the picker stays up, unready, for the calls in flight to finish.
     shutdown_grace: float = 30.0
 

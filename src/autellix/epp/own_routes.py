@@ -61,7 +61,7 @@ async def answer(gateway: Gateway, head: RequestHead, body: bytes | None, tenant
     if head.method not in ("GET", "DELETE"):
         raise APIError(405, f"{head.method} is not allowed on {head.path}.", code="method_not_allowed")
     entry = await gateway.sessions.get(session_id, tenant)
-    view = session_view(gateway.store.entry(entry.program_id), gateway.store.pins(entry.program_id),
+    view = session_view(gateway.store.programs.entry(entry.program_id), gateway.store.programs.pins(entry.program_id),
                         engine_addresses=False)
     if head.method == "GET":
         return 200, view

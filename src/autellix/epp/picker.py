@@ -275,7 +275,7 @@ class _CallRelay:
     def _moved(self, attempt: Attempt[Any], model: str, served: str) -> None:
         """The gateway served the call on a fallback: the chosen engine could not take it."""
         gateway = self.picker.gateway
-        store = gateway.store
+        store = gateway.store.programs
         store.call_routed(attempt.program_id, attempt.call_id, served)
         if store.pinned(attempt.program_id, model) == attempt.engine:
             store.pin(attempt.program_id, model, served)

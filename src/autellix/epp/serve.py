@@ -8,9 +8,8 @@
   engines until SIGTERM).
 * HTTP (``config.metrics_port``): ``/metrics`` (the gateway's registry, the
   picker's ``autellix_epp_*`` in it), ``/health`` and ``/ready``.
-* With a shared store, a look at it every second (so that a picker with nothing
-  in flight writes its programs back soon after an outage) and its health in
-  ``/metrics``, as the gateway does.
+* With a shared store, its health in ``/metrics``, as the gateway's (the store
+  looks at itself every second while the picker runs: ``autellix.control.store.shared``).
 * SIGTERM or SIGINT: unready at once (the gateway's health checks move new
   calls elsewhere), the streams in flight get up to ``shutdown_grace`` to end,
   then the servers stop and the parts stop in reverse order.
@@ -36,15 +35,13 @@ from autellix.epp.contract import HEALTH_SERVICES, READY_SERVICES
 from autellix.epp.exchange import Exchange
 from autellix.epp.messages import ProcessingRequest
 from autellix.epp.picker import error_answer
-from autellix.gateway.lifecycle import StoreHealthCollector, StoreProbe, freeze_startup_objects
+from autellix.gateway.lifecycle import freeze_startup_objects
 from autellix.protocol import HEALTH_PATH, METRICS_PATH, READY_PATH
 
 log = logging.getLogger("autellix.epp")
 
-#: Seconds between two looks at a shared store.
-STORE_CHECK_INTERVAL_S = 1.0
 #: Seconds the picker waits, once unready, before it stops taking streams: the gateway's health check
-#: must see it unready first (Envoy's, in the configuration ``autellix.epp.envoy_config`` writes: 1 s).
+#: must see it unready first (Envoy's health check in a GIE gateway's configuration: 1 s).
 UNREADY_HOLD_S = 1.0
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -104,12 +101,8 @@ class PickerServer:
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
-        self._store_task: asyncio.Task[None] | None = None
         self.port: int | None = None
         self.metrics_url: str | None = None
-        store = self.parts.store_ping
-        if isinstance(store, StoreProbe):
-            self.parts.gateway.metrics.registry.register(StoreHealthCollector(store.health))
 
     @property
     def ready(self) -> bool:
@@ -141,17 +134,7 @@ class PickerServer:
             await site.start()
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             self.metrics_url = f"http://{self.config.host}:{port}"
-        if self.parts.store_ping is not None:
-            self._store_task = asyncio.create_task(self._watch_store(), name="store-watch")
         await self._set_health(True)
-
-    async def _watch_store(self) -> None:
-        ping = self.parts.store_ping
-        assert ping is not None
-        while True:
-            with contextlib.suppress(Exception):  # out of reach: the store counted it; serve on, look again
-                await asyncio.wait_for(ping(), STORE_CHECK_INTERVAL_S)
-            await asyncio.sleep(STORE_CHECK_INTERVAL_S)
 
     async def stop(self, grace: float | None = None) -> None:
         """Unready, the streams in flight finished (up to ``grace``, default the config's), then everything off."""
@@ -167,10 +150,6 @@ class PickerServer:
             await self._grpc.stop(max(0.0, deadline - loop.time()))
         if self._http is not None:
             await self._http.cleanup()
-        if self._store_task is not None:
-            self._store_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._store_task
         await self.parts.gateway.stop()
 
     # ---- HTTP -----------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def _drain_handler(draining: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         gateway = request.app[ADMIN_GATEWAY]
         url = _engine_url(await read_json(request), set(gateway.pool.engines))  # every check before the change
-        await gateway.drains.set(url, draining)  # shared first (store out of reach: written later)
+        await gateway.store.drains.set(url, draining)  # shared first (store out of reach: written later)
         gateway.pool.set_draining(url, draining)
         return json_answer(next(e for e in gateway.pool.describe() if e["url"] == url))
     return handler
@@ -126,14 +126,14 @@ async def open_session(request: web.Request) -> web.Response:
 
 
 async def _any_session(gateway: Gateway, session_id: str) -> ProgramEntry:
-    entry = await gateway.store.load(session_id)
+    entry = await gateway.store.programs.load(session_id)
     if entry is None:
-        raise session_not_found(session_id, await gateway.store.ended(session_id))
+        raise session_not_found(session_id, await gateway.store.programs.ended(session_id))
     return entry
 
 
 def _admin_view(gateway: Gateway, entry: ProgramEntry) -> dict[str, Any]:
-    view = session_view(entry, gateway.store.pins(entry.program_id), engine_addresses=True)
+    view = session_view(entry, gateway.store.programs.pins(entry.program_id), engine_addresses=True)
     return {**view, "tenant": entry.owner}
 
 

@@ -1,14 +1,15 @@
 """The gateway's composition root: the whole gateway built from its configuration, in one place.
 
 ``build_gateway`` makes every part once and hands each module what it uses:
-the program store (in memory, or shared through Redis with ``store_url``) and
-the session rules over it; the stored-response records; the engines' HTTP
-client, the engine pool and the request controller; the tenants' keys, limits
-and slots; the call path; engine drains (shared by replicas with a store); the
-metrics; the admin listener; and the services whose lives the app runs, in
-start order. ``create_app`` puts the tenants' routes over it and installs the
-process's life cycle (readiness, the drain on SIGTERM, per-replica counters)
-and the heap trim. ``autellix.gateway.serve`` runs the result.
+the store (``autellix.control.store.base``: programs, stored-response records
+and engine drains, in memory or shared with other replicas through
+``GatewayConfig.store_url``) and the session rules over it; the engines' HTTP
+client, the engine pool and the request controller, queued as its policy lays
+the queues out; the tenants' keys, limits and slots; the call path; the metrics
+(the store's among them); the admin listener; and the services whose lives the
+app runs, in start order. ``create_app`` puts the tenants' routes over it and
+installs the process's life cycle (readiness, the drain on SIGTERM), the
+per-replica counters and the heap trim. ``autellix.gateway.serve`` runs the result.
 """
 
 from __future__ import annotations
@@ -16,18 +17,17 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from autellix.backends import EngineBackend, backend_by_name
-from autellix.control import MemoryProgramStore, ProgramStore, RequestController, RetryPolicy, Sessions
+from autellix.control import RequestController, RetryPolicy, Sessions
 from autellix.control.admission import ProgramGate
 from autellix.control.keys import ENV_ADMIN_KEYS, ENV_API_KEYS, KeyRing, sources_from
 from autellix.control.limits import TenantLimiter
-from autellix.control.response_records import MemoryResponseRecords, RedisResponseRecords
 from autellix.control.standing import TenantStanding
-from autellix.core import Policy, QueueSpec, balancer_from_config, policy_by_name
+from autellix.control.store.base import GatewayStore, open_store
+from autellix.core import balancer_from_config, policy_by_name
 from autellix.core.admission import ProgramAdmission
 from autellix.gateway.admin import AdminListener
 from autellix.gateway.call_path import CallPath, TenantSlots
@@ -35,11 +35,11 @@ from autellix.gateway.config import GatewayConfig
 from autellix.gateway.engine_http import EngineHttp
 from autellix.gateway.engines import EnginePool, StaticDiscovery
 from autellix.gateway.heap import install_heap_trim
-from autellix.gateway.lifecycle import Lifecycle, open_store
-from autellix.gateway.metrics import AdmissionCollector, GatewayMetrics, MetricsObserver
-from autellix.gateway.parts import Gateway, LocalDrains, NoAdminListener, Service
+from autellix.gateway.lifecycle import Lifecycle
+from autellix.gateway.metrics import AdmissionCollector, GatewayMetrics, MetricsObserver, ReplicaCounters
+from autellix.gateway.parts import Gateway, NoAdminListener, Service
 from autellix.gateway.routes import create_tenant_app
-from autellix.gateway.service_check import EngineServiceCheck, takeover_metrics
+from autellix.gateway.service_check import EngineServiceCheck
 from autellix.gateway.tokens import estimate_tokens, tokenizer_counter
 from autellix.gateway.upkeep import KeyReload, SessionExpiry
 from autellix.gateway.views import engine_label
@@ -52,82 +52,66 @@ from autellix.protocol import ENGINE_TOKEN_ENV
 SERVER_LIMITS: dict[str, int] = {"max_line_size": 65_536, "max_field_size": 65_536}
 
 
-class _Started:
-    """A part whose start and stop are two given functions (a store's close, the shared drains' start)."""
-
-    def __init__(self, start: Callable[[], Awaitable[object]] | None = None,
-                 stop: Callable[[], Awaitable[object]] | None = None) -> None:
-        self._start, self._stop = start, stop
-
-    async def start(self) -> None:
-        if self._start is not None:
-            await self._start()
-
-    async def stop(self) -> None:
-        if self._stop is not None:
-            await self._stop()
-
-
-def build_gateway(config: GatewayConfig, *, store: ProgramStore | None = None, store_url: str | None = None,
-                  backend: EngineBackend | None = None) -> tuple[Gateway, Callable[[], Awaitable[object]] | None]:
-    """Every part of one gateway, wired; and the store's ping when it is shared (``store_url``)."""
+def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
+                  backend: EngineBackend | None = None) -> Gateway:
+    """Every part of one gateway, wired; on ``store`` if one is given, else on ``config.store_url``'s."""
     sched = config.scheduler
     policy = policy_by_name(sched.policy)
-    shared = _SharedParts(store_url, config, policy) if store_url is not None else None
-    if shared is not None:
-        store, responses, drains = shared.store, shared.responses, shared.drains
-    else:
-        store = store if store is not None else MemoryProgramStore(policy, idle_ttl=sched.program_idle_ttl)
-        responses, drains = MemoryResponseRecords(ttl=config.response_ttl), LocalDrains()
+    if store is None:
+        store = open_store(config.store_url, policy, idle_ttl=sched.program_idle_ttl, response_ttl=config.response_ttl,
+                           poll_interval=config.poll_interval)
+    programs = store.programs
     backend = backend or backend_by_name(config.backend)
     http = EngineHttp(token=config.engine_token or os.environ.get(ENGINE_TOKEN_ENV) or None)
     pool = EnginePool(config.discovery or StaticDiscovery(config.engines), http, poll_interval=config.poll_interval,
-                      on_removed=store.drop_engine, backend=backend)
+                      on_removed=programs.drop_engine, backend=backend)
     gate = ProgramGate(ProgramAdmission(), lambda: pool.engine_loads(config.engine_slots)) \
         if config.program_admission else None
-    sessions = Sessions(store, TenantStanding(config.standing_half_life) if config.standing_half_life else None,
+    sessions = Sessions(programs, TenantStanding(config.standing_half_life) if config.standing_half_life else None,
                         gate)
     tenant_keys = KeyRing(sources_from([config.api_keys_file] if config.api_keys_file else [], ENV_API_KEYS,
                                        os.environ))
     admin_keys = KeyRing(sources_from([config.admin_keys_file] if config.admin_keys_file else [], ENV_ADMIN_KEYS,
                                       os.environ))
     limiter = TenantLimiter(config.tenant_limits, config.per_tenant_limits)
-    metrics = GatewayMetrics(lambda: [(e.waiting, e.service) for e in store.programs()],
+    metrics = GatewayMetrics(lambda: [(e.waiting, e.service) for e in programs.programs()],
                              lambda: {engine_label(u): e.inflight for u, e in pool.engines.items()},
                              lambda: _breakers(pool))
+    for collector in store.collectors():
+        metrics.registry.register(collector)
     controller = RequestController(
-        store=store, engines=pool, backend=backend, balancer=balancer_from_config(sched),
-        queues=QueueSpec.from_config(sched), policy=policy, send_priority=config.engine_priority,
+        store=programs, engines=pool, backend=backend, balancer=balancer_from_config(sched),
+        queues=policy.queues(sched), policy=policy, send_priority=config.engine_priority,
         retry=RetryPolicy(max_attempts=config.max_attempts, backoff_base=config.retry_backoff),
         observer=MetricsObserver(metrics), on_program_left=sessions.program_left,
         on_call_done=gate.call_finished if gate is not None else None)
     if gate is not None:
         metrics.registry.register(AdmissionCollector(gate))
-    store.check_takeovers(EngineServiceCheck(http, pool, backend), takeover_metrics(metrics.registry))
+    store.check_takeovers(EngineServiceCheck(http, pool, backend))
     counter = tokenizer_counter(config.tokenizer) if config.tokenizer else estimate_tokens
     calls = CallPath(config=config, controller=controller, pool=pool, slots=TenantSlots(limiter), backend=backend,
                      http=http, count_tokens=counter)
     listener = None if config.admin_port is None else AdminListener(
         lambda: gateway, admin_keys if admin_keys.enabled else None, config.admin_host, config.admin_port,
         SERVER_LIMITS)
-    # started in this order, stopped in reverse: the admin listener first; the store's last write behind
-    # (and, when shared, its close) last
+    drains = store.drains.applied_to(pool)
+    # started in this order, stopped in reverse: the admin listener first; the store (its last write behind
+    # and, when shared, its connection's close) last
     services: list[Service] = [
-        _Started(stop=store.flush) if shared is None else shared.store_life,
-        _Started(stop=responses.close),
+        store,
         http,
         pool,
-        *([shared.drains_life(pool)] if shared is not None else []),
-        SessionExpiry(store, sessions, limiter),
+        *([drains] if drains is not None else []),
+        SessionExpiry(programs, sessions, limiter),
         *([gate] if gate is not None else []),
         KeyReload({"tenant": tenant_keys, "admin": admin_keys}, config.keys_reload_interval),
         *([listener] if listener is not None else []),
     ]
-    gateway = Gateway(config=config, store=store, sessions=sessions, responses=responses, pool=pool,
-                      controller=controller, calls=calls, limiter=limiter, tenant_keys=tenant_keys,
-                      admin_keys=admin_keys, metrics=metrics, drains=drains, admission=gate,
-                      admin=listener if listener is not None else NoAdminListener(), services=services)
-    return gateway, shared.ping if shared is not None else None
+    gateway = Gateway(config=config, store=store, sessions=sessions, pool=pool, controller=controller, calls=calls,
+                      limiter=limiter, tenant_keys=tenant_keys, admin_keys=admin_keys, metrics=metrics,
+                      admission=gate, admin=listener if listener is not None else NoAdminListener(),
+                      services=services)
+    return gateway
 
 
 def _breakers(pool: EnginePool) -> dict[str, tuple[str, int]]:
@@ -135,34 +119,16 @@ def _breakers(pool: EnginePool) -> dict[str, tuple[str, int]]:
     return {engine_label(u): (e.breaker.state(now).value, e.breaker.opened_total) for u, e in pool.engines.items()}
 
 
-class _SharedParts:
-    """What a shared store brings: the Redis program store, stored-response records and engine drains."""
-
-    def __init__(self, store_url: str, config: GatewayConfig, policy: Policy) -> None:
-        from autellix.control.shared_drains import SharedDrains  # redis: only with a store
-
-        self.store, self.ping, close = open_store(store_url, policy, config.scheduler.program_idle_ttl)
-        self.responses = RedisResponseRecords(store_url, ttl=config.response_ttl)
-        self.drains = SharedDrains(store_url, poll_interval=config.poll_interval)
-
-        self.store_life = _Started(stop=close)  # its close writes what is pending, if the store answers
-
-    def drains_life(self, pool: EnginePool) -> Service:
-        async def start() -> None:
-            self.drains.start(pool)
-
-        return _Started(start=start, stop=self.drains.stop)
-
-
-def create_app(config: GatewayConfig, *, store: ProgramStore | None = None, store_url: str | None = None,
-               replica: str | None = None, shutdown_grace: float = 30.0, heap_trim_every: float = 0.0,
+def create_app(config: GatewayConfig, *, store: GatewayStore | None = None, replica: str | None = None,
+               shutdown_grace: float = 30.0, heap_trim_every: float = 0.0,
                backend: EngineBackend | None = None) -> web.Application:
-    """The gateway's app: its parts (``build_gateway``), the tenants' routes over them, the life cycle."""
-    gateway, ping = build_gateway(config, store=store, store_url=store_url, backend=backend)
+    """The gateway's app: its parts (``build_gateway``), the tenants' routes over them, the life cycle and the
+    per-replica counters (``replica``: this replica's label, default the host's name)."""
+    gateway = build_gateway(config, store=store, backend=backend)
     app = create_tenant_app(gateway)
-    lifecycle = Lifecycle(replica=replica or f"{socket.gethostname()}", shutdown_grace=shutdown_grace,
-                          store_ping=ping, key_ttl=config.scheduler.program_idle_ttl)
-    lifecycle.install(app, gateway.metrics.registry)
+    counters = ReplicaCounters(replica or socket.gethostname(), gateway.metrics.registry,
+                               key_ttl=config.scheduler.program_idle_ttl)
+    Lifecycle(shutdown_grace=shutdown_grace, on_request=counters.count).install(app)
     install_heap_trim(app, heap_trim_every)
     return app
 

@@ -72,6 +72,10 @@ class GatewayConfig:
     program_admission: bool = True
     #: Running slots of each engine (vLLM's ``max_num_seqs``; its metrics do not say): admission's queue bound.
     engine_slots: int = 256
+    #: The store shared by gateway replicas and pickers (``redis://``, ``rediss://`` or ``unix://``): their
+    #: programs, stored responses and engine drains (``autellix.control.store.base``); None: in memory.
+    #: Out of the repr: the URL may carry the store's password.
+    store_url: str | None = field(default=None, repr=False)
     #: Seconds a stored Responses API response can be chained from (``previous_response_id``)
     #: through this gateway: where it is stored is remembered this long after it was created.
     response_ttl: float = 86_400.0

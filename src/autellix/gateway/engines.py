@@ -16,7 +16,6 @@ core's balancer never picks it and a pin to it lapses (``live_pin``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -26,6 +25,7 @@ from typing import Protocol
 import aiohttp
 
 from autellix.backends import EngineBackend, VllmBackend, parse_metrics
+from autellix.control.background import cancel
 from autellix.control.breaker import CircuitBreaker, is_failure_status
 from autellix.core.engine_load import EngineLoad
 from autellix.protocol import FEEDBACK_WAIT_PARAM, MODELS_PATH, CallRecord
@@ -272,10 +272,7 @@ class EnginePool:
         self._task = asyncio.create_task(self._loop(), name="engine-pool")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel(self._task)
         await self.discovery.aclose()
 
     async def _loop(self) -> None:

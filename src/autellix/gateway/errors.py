@@ -69,10 +69,6 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, type="service_unavailable", code="no_engine_available")
 
 
-def upstream_failed(message: str) -> APIError:
-    return APIError(502, message, type="upstream_error", code="engine_failed")
-
-
 def openai_error_shape(raw: bytes) -> bytes:
     """An engine's error in OpenAI's shape: vLLM says ``"code": 400`` (a number) where OpenAI's
     ``code`` is a string or null (schemathesis found it against ``/openapi.json``)."""
@@ -159,5 +155,4 @@ __all__ = [
     "openai_error_shape",
     "openai_shape",
     "unavailable",
-    "upstream_failed",
 ]

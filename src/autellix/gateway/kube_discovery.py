@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from autellix.control.background import cancel
 from autellix.endpointslices import (
     DEFAULT_ENGINE_SELECTOR,
     DEFAULT_PORT,
@@ -77,11 +78,8 @@ class KubeDiscovery:
         return slice_urls(self._slices.values(), port_name=self.port_name, default_port=self.default_port)
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel(self._task)
+        self._task = None
         if self._api is not None:
             await self._api.close()
             self._api = None

@@ -1,35 +1,25 @@
-"""A gateway process's life: the store it runs on, when it is ready, how it stops, what it served.
+"""A gateway process's life: when it is ready, how it starts and how it stops.
 
 ``autellix gateway`` runs through :func:`run_gateway`:
 
-* **Store**: ``--store redis://...`` runs the gateway on the shared
-  :class:`~autellix.control.redis_store.RedisProgramStore` (replicas behind Envoy);
-  without it the in-memory store, as before. With a store, engine drains live in
-  it too (:class:`~autellix.control.shared_drains.SharedDrains`): a drain sent to any
-  replica applies on all.
+* **Start**: the app's parts start in order (``autellix.gateway.parts.Gateway``:
+  the store first, the admin listener last), then the process listens, and what
+  start-up made is taken out of the garbage collector's view
+  (:func:`freeze_startup_objects`).
 * **Ready** (``/ready`` 200) while at least one engine is healthy (the gateway's
   own rule) and the process is not stopping. The store is not part of it: a store
   out of reach is out of reach for every replica at once, and if that made them
   unready, Envoy would have no replica left to send a call to. A replica serves on
-  from its local copies instead (``autellix.control.redis_store``, "When the store
-  is out of reach"), and says so in ``/metrics``.
-* **Store health** (with a store) in ``/metrics``: ``autellix_store_up`` (the last
-  look at the store, every second, succeeded), ``autellix_store_errors_total{op}``
-  (operations that could not reach it), ``autellix_store_outages_total``,
-  ``autellix_store_provisional_programs_total`` (programs served here without being
-  held, during an outage) and ``autellix_store_written_back_programs_total``.
+  from its local copies instead (``autellix.control.store.outage``), and says so in
+  ``/metrics`` (``autellix.control.store.health``).
 * **SIGTERM** (or SIGINT): ``/ready`` turns 503 at once, so the health checks of
   Envoy (every 1 s, out after 2 failures) send new calls elsewhere; the process
   keeps listening and serving what still arrives meanwhile; once no call or
   stream is in flight, and (when something health-checked it in the last
   ``CHECKED_WITHIN_S``) ``UNREADY_HOLD_S`` has passed so that the checker saw
-  the 503, it stops listening, writes the store's pending state (the gateway's
-  cleanup flushes the write-behind) and exits. ``shutdown_grace`` bounds it all:
+  the 503, it stops listening, the parts stop in reverse order (the store's last:
+  its pending state written) and it exits. ``shutdown_grace`` bounds it all:
   calls still running then are cut. A second signal exits at once.
-* **Per-replica counters** in ``/metrics``: ``autellix_replica_calls_total`` and
-  ``autellix_replica_programs_total`` labelled with the replica's name (the pod
-  name in a cluster): with Envoy hashing on the program key, the programs counted
-  over all replicas add up to the programs run, each on one replica.
 """
 
 from __future__ import annotations
@@ -40,29 +30,12 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from autellix import protocol
-from autellix.control.recent import RecentIds
-from autellix.control.store import ProgramStore, redacted_url
-from autellix.core import Policy
 from autellix.gateway.errors import GatewayRunner
-from autellix.protocol import (
-    HEALTH_PATH,
-    IMPLICIT_SESSION_HEADERS,
-    METRICS_PATH,
-    READY_PATH,
-    SESSION_HEADER,
-)
-
-if TYPE_CHECKING:  # the store's module needs redis, which only a gateway with --store has
-    from autellix.control.redis_store import RedisProgramStore, StoreHealth
+from autellix.protocol import HEALTH_PATH, METRICS_PATH, READY_PATH
 
 log = logging.getLogger("autellix.gateway.lifecycle")
 
@@ -71,131 +44,36 @@ log = logging.getLogger("autellix.gateway.lifecycle")
 UNREADY_HOLD_S = 2.5
 #: A ``/ready`` request within this many seconds means a health checker is watching.
 CHECKED_WITHIN_S = 5.0
-#: Seconds between two looks at the store, and how long one may take.
-STORE_CHECK_INTERVAL_S = 1.0
-#: Program keys remembered for the per-replica program counter: at most this many, each until it
-#: has not been seen for ``Lifecycle.key_ttl`` seconds (the program idle TTL: by then its program
-#: has expired, and a call with the key again starts a new one).
-PROGRAM_KEYS_REMEMBERED = 100_000
 #: Requests that are not calls: never counted in flight, never delay a stop.
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH, METRICS_PATH})
-CALL_PATHS = frozenset(protocol.CALL_PATHS)  # every call API (Chat, Completions, Responses, Messages)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def program_key(headers: Mapping[str, str]) -> str | None:
-    """The key Envoy hashes a call on (``autellix.mesh.resources``): the session header, else the
-    first agent session header present; None for a one-call program."""
-    for name in (SESSION_HEADER, *IMPLICIT_SESSION_HEADERS):
-        value = headers.get(name)
-        if value:
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class StoreProbe:
-    """The shared store as a gateway's life cycle watches it: a look at it (``ping``: when the store answers
-    again, this replica's programs are written back first) and what it says of itself (``health``)."""
-
-    ping: Callable[[], Awaitable[None]]
-    health: StoreHealth
-
-    async def __call__(self) -> None:
-        await self.ping()
-
-
-class StoreHealthCollector:
-    """The store's health as Prometheus metrics, read at each scrape."""
-
-    def __init__(self, health: StoreHealth) -> None:
-        self.health = health
-
-    def collect(self) -> Iterator[Metric]:
-        health = self.health
-        yield GaugeMetricFamily("autellix_store_up", "1 while the shared program store answers, else 0",
-                                value=int(health.up))
-        errors = CounterMetricFamily("autellix_store_errors", "Store operations that could not reach the store",
-                                     labels=["op"])
-        for operation, count in sorted(health.errors.items()):
-            errors.add_metric([operation], count)
-        yield errors
-        yield CounterMetricFamily("autellix_store_outages", "Times the store went out of reach",
-                                  value=health.outages)
-        yield CounterMetricFamily("autellix_store_provisional_programs",
-                                  "Programs served here without being held, while the store was out of reach",
-                                  value=health.provisional)
-        yield CounterMetricFamily("autellix_store_written_back_programs",
-                                  "Programs written back to the store when it answered again",
-                                  value=health.written_back)
-
-
 class Lifecycle:
-    """Readiness beyond the engines, the drain on SIGTERM, the store's health, and the per-replica counters
-    of one gateway."""
+    """Readiness beyond the engines and the drain on SIGTERM of one gateway; ``on_request`` hears every request
+    that is not a probe (the per-replica counters, ``autellix.gateway.metrics.ReplicaCounters``)."""
 
-    def __init__(self, *, replica: str, shutdown_grace: float = 30.0, store_ping: StoreProbe | None = None,
-                 key_ttl: float = 600.0) -> None:
-        self.replica = replica
+    def __init__(self, *, shutdown_grace: float = 30.0,
+                 on_request: Callable[[web.Request], None] | None = None) -> None:
         self.shutdown_grace = shutdown_grace
-        #: The shared store's probe (``open_store``), looked at every second; None without a store.
-        self.store_ping = store_ping
+        self.on_request = on_request
         self.stopping = False
         self.inflight = 0
         self._last_checked = -float("inf")
         self._idle = asyncio.Event()
         self._idle.set()
-        self._programs = RecentIds(PROGRAM_KEYS_REMEMBERED, key_ttl)
-        self._calls: Counter | None = None
-        self._program_count: Counter | None = None
-        self._calls_here: Any = None  # prometheus_client's labelled children, set by install()
-        self._programs_here: Any = None
-        self._store_task: asyncio.Task[None] | None = None
 
     # ---- readiness -------------------------------------------------------------
     def not_ready(self) -> str | None:
         """Why ``/ready`` must answer 503 whatever the engines; None if nothing here stands in the way."""
         return "stopping" if self.stopping else None
 
-    async def _watch_store(self) -> None:
-        """Look at the store every second, so that a replica with no call in flight also writes its programs
-        back soon after the store answers again (the store logs and counts what it finds)."""
-        assert self.store_ping is not None
-        while True:
-            with contextlib.suppress(Exception):  # out of reach: the store counted it; serve on, look again
-                await asyncio.wait_for(self.store_ping(), STORE_CHECK_INTERVAL_S)
-            await asyncio.sleep(STORE_CHECK_INTERVAL_S)
-
     # ---- in the app --------------------------------------------------------------
-    def install(self, app: web.Application, registry: CollectorRegistry) -> None:
-        """The counting middleware (outermost: it sees every call until its last byte), the counters
-        and the store's health in ``registry`` (the gateway's own), and the store watch on the app's life."""
-        self._calls = Counter("autellix_replica_calls", "Calls (every call API) served by this replica",
-                              ["replica"], registry=registry)
-        self._program_count = Counter(
-            "autellix_replica_programs",
-            "Programs (distinct program keys, plus one per keyless call) whose calls this replica served",
-            ["replica"], registry=registry)
-        # the labelled children, looked up once (the hot path)
-        self._calls_here = self._calls.labels(self.replica)
-        self._programs_here = self._program_count.labels(self.replica)
-        if self.store_ping is not None:
-            registry.register(StoreHealthCollector(self.store_ping.health))
+    def install(self, app: web.Application) -> None:
+        """The middleware that counts requests in flight (outermost: it sees every call until its last byte)."""
         app[LIFECYCLE_KEY] = self
         app.middlewares.insert(0, self._middleware)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-
-    async def _start(self, _app: web.Application) -> None:
-        if self.store_ping is not None:
-            self._store_task = asyncio.create_task(self._watch_store(), name="store-watch")
-
-    async def _stop(self, _app: web.Application) -> None:
-        if self._store_task is not None:
-            self._store_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._store_task
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -203,8 +81,8 @@ class Lifecycle:
             if request.path == READY_PATH:
                 self._last_checked = time.monotonic()
             return await handler(request)
-        if request.method == "POST" and request.path in CALL_PATHS:
-            self._count_call(program_key(request.headers))
+        if self.on_request is not None:
+            self.on_request(request)
         self.inflight += 1
         self._idle.clear()
         try:
@@ -213,12 +91,6 @@ class Lifecycle:
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
-
-    def _count_call(self, key: str | None) -> None:
-        self._calls_here.inc()
-        # a keyless call is a program of its own; a key counts once while it is remembered
-        if key is None or self._programs.add(key, time.monotonic()):
-            self._programs_here.inc()
 
     # ---- stopping ------------------------------------------------------------------
     async def drain(self) -> None:
@@ -297,13 +169,5 @@ def run_gateway(app: web.Application, lifecycle: Lifecycle, host: str, port: int
         asyncio.run(_serve(app, lifecycle, host, port, print_fn, server_kwargs or {}))
 
 
-def open_store(url: str, policy: Policy, idle_ttl: float) -> tuple[ProgramStore, StoreProbe,
-                                                                   Callable[[], Awaitable[None]]]:
-    """The shared store at ``url`` (``redis://`` or ``rediss://``): the store, its probe (for ``Lifecycle``),
-    its close."""
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"--store: expected a redis:// URL, got {redacted_url(url)!r}")
-    from autellix.control.redis_store import RedisProgramStore
-
-    store: RedisProgramStore = RedisProgramStore(url, policy, idle_ttl=idle_ttl)
-    return store, StoreProbe(store.ping, store.health), store.close
+__all__ = ["CHECKED_WITHIN_S", "LIFECYCLE_KEY", "PROBE_PATHS", "UNREADY_HOLD_S", "Lifecycle", "freeze_startup_objects",
+           "run_gateway"]

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from autellix import protocol
 from autellix.control.admission import ProgramGate
+from autellix.control.recent import RecentIds
 from autellix.stats import jain_index
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: Program keys remembered for the per-replica program counter: at most this many, each until it
+#: has not been seen for ``key_ttl`` seconds (the program idle TTL: by then its program has
+#: expired, and a call with the key again starts a new one).
+PROGRAM_KEYS_REMEMBERED = 100_000
+CALL_PATHS = frozenset(protocol.CALL_PATHS)  # every call API (Chat, Completions, Responses, Messages)
 
 
 class _Live(Collector):
@@ -120,3 +129,28 @@ class AdmissionCollector(Collector):
                                   value=self.gate.held)
         yield CounterMetricFamily("autellix_programs_refused", "New programs refused (429): the queue full, "
                                   "or a sheddable class with no room", value=self.gate.refused)
+
+
+class ReplicaCounters:
+    """``autellix_replica_calls_total`` and ``autellix_replica_programs_total``, labelled with the replica's name
+    (the pod name in a cluster): with Envoy hashing on the program key, the programs counted over all replicas
+    add up to the programs run, each on one replica."""
+
+    def __init__(self, replica: str, registry: CollectorRegistry, *, key_ttl: float = 600.0) -> None:
+        calls = Counter("autellix_replica_calls", "Calls (every call API) served by this replica", ["replica"],
+                        registry=registry)
+        programs = Counter("autellix_replica_programs", "Programs (distinct program keys, plus one per keyless "
+                           "call) whose calls this replica served", ["replica"], registry=registry)
+        # the labelled children, looked up once (the hot path)
+        self._calls, self._programs = calls.labels(replica), programs.labels(replica)
+        self._keys = RecentIds(PROGRAM_KEYS_REMEMBERED, key_ttl)
+
+    def count(self, request: web.Request) -> None:
+        """A request reached this replica: counted if it is a call."""
+        if request.method != "POST" or request.path not in CALL_PATHS:
+            return
+        self._calls.inc()
+        # a keyless call is a program of its own; a key counts once while it is remembered
+        key = protocol.program_key(request.headers)
+        if key is None or self._keys.add(key, time.monotonic()):
+            self._programs.inc()

@@ -16,11 +16,11 @@ from typing import Protocol
 
 from aiohttp import web
 
-from autellix.control import ProgramStore, RequestController, Sessions
+from autellix.control import RequestController, Sessions
 from autellix.control.admission import ProgramGate
 from autellix.control.keys import KeyRing
 from autellix.control.limits import TenantLimiter
-from autellix.control.response_records import ResponseRecords
+from autellix.control.store.base import GatewayStore
 from autellix.core import ProgramEntry
 from autellix.gateway.call_path import CallPath
 from autellix.gateway.config import GatewayConfig
@@ -39,19 +39,6 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-class DrainSharing(Protocol):
-    """Where engine drains go before they apply here: nowhere (one gateway) or every replica (a shared store)."""
-
-    async def set(self, url: str, draining: bool) -> None: ...
-
-
-class LocalDrains:
-    """One gateway: a drain is this gateway's alone."""
-
-    async def set(self, url: str, draining: bool) -> None:
-        return None
-
-
 class AdminAddress(Protocol):
     """Where the admin listener serves, once it does."""
 
@@ -68,9 +55,9 @@ class Gateway:
     """One gateway's parts, wired; ``start`` and ``stop`` run its services' lives."""
 
     config: GatewayConfig
-    store: ProgramStore
+    #: Programs, stored responses and engine drains, in memory or shared with other replicas.
+    store: GatewayStore
     sessions: Sessions
-    responses: ResponseRecords
     pool: EnginePool
     controller: RequestController
     calls: CallPath
@@ -78,7 +65,6 @@ class Gateway:
     tenant_keys: KeyRing
     admin_keys: KeyRing
     metrics: GatewayMetrics
-    drains: DrainSharing
     #: Program admission under overload (None: off).
     admission: ProgramGate | None
     admin: AdminAddress
@@ -173,5 +159,4 @@ def caller(request: web.Request) -> tuple[Gateway, str | None]:
     return gateway, gateway.identify(tenant_key(request))
 
 
-__all__ = ["GATEWAY_KEY", "AdminAddress", "DrainSharing", "Gateway", "LocalDrains", "NoAdminListener", "Service",
-           "caller", "loopback", "tenant_key"]
+__all__ = ["GATEWAY_KEY", "AdminAddress", "Gateway", "NoAdminListener", "Service", "caller", "loopback", "tenant_key"]

@@ -8,7 +8,7 @@
   header names another; the first response of a chain opens an implicit
   program named after it (``autellix.control.sessions``, rule 4). When the
   engine answers, before the answer reaches the client, the response's engine,
-  program and tenant are recorded (``autellix.control.response_records``;
+  program and tenant are recorded (``autellix.control.store.responses``;
   shared through Redis by replicas), so the next call of the chain finds them
   on any replica.
 * A response the caller cannot see (another tenant's, never recorded, deleted,
@@ -31,8 +31,8 @@ from aiohttp import web
 
 from autellix.control import Attempt
 from autellix.control.controller import NoAllowedEngine
-from autellix.control.response_records import StoredResponse
 from autellix.control.sessions import CallOwner
+from autellix.control.store.responses import StoredResponse
 from autellix.gateway.bodies import json_answer, read_json
 from autellix.gateway.dialects import RESPONSES
 from autellix.gateway.errors import openai_error_shape
@@ -55,7 +55,7 @@ def response_not_found(response_id: str, *, param: str | None = None) -> APIErro
 async def stored(gateway: Gateway, response_id: str, tenant: str | None, *, param: str | None = None
                  ) -> StoredResponse:
     """The caller's stored response ``response_id`` (404 when it is not the caller's or not known)."""
-    record = await gateway.responses.get(response_id, time.time())
+    record = await gateway.store.responses.get(response_id, time.time())
     if record is None or record.owner != tenant:
         raise response_not_found(response_id, param=param)
     return record
@@ -76,7 +76,7 @@ async def create(request: web.Request) -> web.StreamResponse:
 
     async def record(attempt: Attempt[object]) -> None:
         if body.get("store") is not False:
-            await gateway.responses.put(StoredResponse(response_id, attempt.engine, attempt.program_id, tenant,
+            await gateway.store.responses.put(StoredResponse(response_id, attempt.engine, attempt.program_id, tenant,
                                                        body["model"], time.time()))
 
     try:
@@ -127,7 +127,7 @@ async def cancel(request: web.Request) -> web.Response:
 async def delete(request: web.Request) -> web.Response:
     gateway, tenant = caller(request)
     record = await stored(gateway, request.match_info["response_id"], tenant)
-    await gateway.responses.forget(record.response_id)
+    await gateway.store.responses.forget(record.response_id)
     return json_answer({"id": record.response_id, "object": "response", "deleted": True})
 
 

@@ -81,8 +81,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 def _tenant_view(gateway: Gateway, program_id: str) -> dict[str, object]:
-    entry = gateway.store.entry(program_id)
-    return session_view(entry, gateway.store.pins(program_id), engine_addresses=False)
+    entry = gateway.store.programs.entry(program_id)
+    return session_view(entry, gateway.store.programs.pins(program_id), engine_addresses=False)
 
 
 async def open_session(request: web.Request) -> web.Response:

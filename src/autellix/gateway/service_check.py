@@ -1,6 +1,6 @@
 """The engines' word on a program taken over: the ``ServiceWitness`` of a shared store.
 
-A replica that takes a program over from the shared store (``autellix.control.redis_store``)
+A replica that takes a program over from the shared store (``autellix.control.store.takeover``)
 asks every engine of its pool that runs Autellix's scheduler for its tally of the program
 (``autellix.protocol.ProgramService``), all at once, and sums them: each call ran on one
 engine and the gateway charged it the model time in that engine's record of it, so the
@@ -14,15 +14,12 @@ the sum is still at most the program's service).
 from __future__ import annotations
 
 import asyncio
-import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter
 
 from autellix.backends import EngineBackend
-from autellix.control.store import CHECK_OUTCOMES, EngineService
+from autellix.control.store.takeover import EngineService
 from autellix.protocol import ProgramService
 
 if TYPE_CHECKING:
@@ -64,29 +61,4 @@ class EngineServiceCheck:
         return tally.service_s if tally.since >= since - self.clock_skew else 0.0
 
 
-_OBSERVERS: weakref.WeakKeyDictionary[CollectorRegistry, Callable[[str, float], None]] = weakref.WeakKeyDictionary()
-
-
-def takeover_metrics(registry: CollectorRegistry) -> Callable[[str, float], None]:
-    """``autellix_takeover_checks_total{outcome}`` and ``autellix_takeover_repaired_seconds_total``
-    on ``registry`` (once per registry); returns the store's ``observe``."""
-    if registry in _OBSERVERS:
-        return _OBSERVERS[registry]
-    checks = Counter("autellix_takeover_checks", "Programs taken over from the shared store and checked against "
-                     "their engines, by outcome (repaired, confirmed, failed: an engine did not answer in time, "
-                     "skipped: no engine keeps tallies)", ["outcome"], registry=registry)
-    for outcome in CHECK_OUTCOMES:
-        checks.labels(outcome)
-    repaired = Counter("autellix_takeover_repaired_seconds", "Service added to programs taken over, from their "
-                       "engines' tallies (what the store lost with a replica's last write behind)", registry=registry)
-
-    def observe(outcome: str, added: float) -> None:
-        checks.labels(outcome).inc()
-        if added > 0:
-            repaired.inc(added)
-
-    _OBSERVERS[registry] = observe
-    return observe
-
-
-__all__ = ["CLOCK_SKEW_S", "EngineServiceCheck", "takeover_metrics"]
+__all__ = ["CLOCK_SKEW_S", "EngineServiceCheck"]

@@ -2,47 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from abc import ABC, abstractmethod
 
 from autellix.control import ProgramStore, Sessions
+from autellix.control.background import Repeating
 from autellix.control.keys import KeyRing
 from autellix.control.limits import TenantLimiter
 
 log = logging.getLogger("autellix.gateway")
 
 
-class Periodic(ABC):
-    """A task that runs ``tick`` every ``interval`` seconds while the gateway runs."""
+class Periodic(Repeating, ABC):
+    """A task that runs ``tick`` every ``interval`` seconds while the gateway runs (a failed tick is logged)."""
 
     name = "periodic"
 
     def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self._task: asyncio.Task[None] | None = None
+        super().__init__(self.name, interval, self.tick)
 
     @abstractmethod
     async def tick(self) -> None: ...
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.tick()
-            except Exception:  # the next tick tries again
-                log.exception("%s failed", self.name)
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=self.name)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
 
 class SessionExpiry(Periodic):

@@ -58,7 +58,7 @@ from autellix.engine.launch import (
 from autellix.engine.step_trace import ENV_TRACE, read_trace, summarize_steps
 from autellix.engine.tiny_model import REPLY_TOKEN_IDS, build_tiny_model, default_model_dir
 from autellix.loadgen.runner import run_programs
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.workloads import make_programs, tool_pause
 from autellix.workloads.run_metrics import loaded_comparison, paired_rounds, per_program, summarize, sustained_rates
 from autellix.workloads.systems import SYSTEMS, System

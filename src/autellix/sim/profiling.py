@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autellix.sim.cost_model import Fit, StepCost, StepSample, fit_step_cost
-from autellix.sim.engine_model import EngineModel, EngineProfile, SimRequest
+from autellix.sim.engine_model import EngineModel
+from autellix.sim.engine_profile import EngineProfile
+from autellix.sim.engine_request import SimRequest
 
 
 @dataclass(frozen=True)

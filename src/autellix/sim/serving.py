@@ -26,10 +26,11 @@ from autellix.backends import CallOutcome, VllmBackend
 from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, RequestController
 from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.engine_load import EngineLoad
-from autellix.core.mlq import QueueSpec
 from autellix.engine.tiny_model import render_chat
 from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_TREE, XARG_WAIT, XARGS_FIELD
-from autellix.sim.engine_model import EngineModel, EngineProfile, RequestOutcome, SimRequest
+from autellix.sim.engine_model import EngineModel
+from autellix.sim.engine_profile import EngineProfile
+from autellix.sim.engine_request import RequestOutcome, SimRequest
 from autellix.sim.gateway_queues import AdmissionGate, RequestFlowControl
 from autellix.sim.virtual_loop import run_virtual
 from autellix.workloads import AgentProgram, client_priority
@@ -76,9 +77,8 @@ class _Engine:
         self.inflight = 0
         self.busy = False
         self.plans = 0
-        #: A pending decode run: (start, steps, step time without KV, KV tokens read by its first step,
-        #: decoding sequences, its timer).
-        self._run: tuple[float, int, float, int, int, asyncio.TimerHandle] | None = None
+        #: A pending decode run: (start, steps, KV tokens read by its first step, decoding sequences, its timer).
+        self._run: tuple[float, int, int, int, asyncio.TimerHandle] | None = None
         self._waiters: dict[str, tuple[asyncio.Future[RequestOutcome], CallStat]] = {}
         #: Called after every step (the gateway's waiting rooms look again for room).
         self.on_step: list[Callable[[], None]] = []
@@ -95,24 +95,22 @@ class _Engine:
             self.loop.call_soon(self._step)  # calls arriving at this instant join the same step
         return future
 
-    def _run_seconds(self, steps: int, fixed: float, kv0: int, d: int) -> float:
-        return steps * fixed + self.model.profile.cost.per_kv_token * (steps * kv0 + d * steps * (steps - 1) // 2)
-
     def _cut(self, now: float) -> None:
         assert self._run is not None
-        start, steps, fixed, kv0, d, timer = self._run
+        start, steps, kv0, d, timer = self._run
+        cost = self.model.profile.cost
         lo, hi = 0, steps  # steps of the run that have ended by now
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if start + self._run_seconds(mid, fixed, kv0, d) <= now:
+            if start + cost.decode_run_seconds(mid, d, kv0) <= now:
                 lo = mid
             else:
                 hi = mid - 1
         keep = min(steps, lo + 1)  # the step in progress completes
         if keep < steps:
             timer.cancel()
-            end = start + self._run_seconds(keep, fixed, kv0, d)
-            self._run = (start, keep, fixed, kv0, d, self.loop.call_at(end, self._run_done))
+            end = start + cost.decode_run_seconds(keep, d, kv0)
+            self._run = (start, keep, kv0, d, self.loop.call_at(end, self._run_done))
 
     def _step(self) -> None:
         if self.model.idle:
@@ -122,11 +120,9 @@ class _Engine:
         self.plans += 1
         steps = self.model.coalescible(now)
         if steps >= 2:
-            cost = self.model.profile.cost
             running, kv0 = self.model.decode_batch()
-            fixed = cost.overhead + cost.per_decode_seq * running
-            end = now + self._run_seconds(steps, fixed, kv0, running)
-            self._run = (now, steps, fixed, kv0, running, self.loop.call_at(end, self._run_done))
+            end = now + self.model.profile.cost.decode_run_seconds(steps, running, kv0)
+            self._run = (now, steps, kv0, running, self.loop.call_at(end, self._run_done))
             return
         result = self.model.step(now)
         if result.seconds <= 0 and not result.preempted:
@@ -218,7 +214,7 @@ class SimGateway:
         ids = itertools.count()
         self.controller = RequestController(
             store=self.store, engines=_SimEngines(engines), backend=VllmBackend(),
-            balancer=balancer_from_config(config), queues=QueueSpec.from_config(config), policy=self.policy,
+            balancer=balancer_from_config(config), queues=self.policy.queues(config), policy=self.policy,
             # bare engines (no gateway) get no priority from it
             send_priority=system.policy is not None and self.policy.places_by_priority,
             clock=asyncio.get_running_loop().time, call_ids=lambda: f"c{next(ids)}")

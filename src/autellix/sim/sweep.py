@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autellix.core import SchedulerConfig
-from autellix.sim.engine_model import EngineProfile
+from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs, speed_stats
 from autellix.workloads import make_programs, tool_pause
 from autellix.workloads.run_metrics import loaded_comparison, sustained_rates
@@ -292,43 +292,45 @@ def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths: list[Path] = []
-    fig12 = report.get("figure12") or {}
-    if fig12:
-        fig, axes = plt.subplots(1, len(fig12), figsize=(4.2 * len(fig12), 3.6))
-        axes = axes if len(fig12) > 1 else [axes]
-        for ax, (workload, data) in zip(axes, fig12.items(), strict=True):
-            for name, by_rate in data["results"].items():
-                ax.plot(data["rates"], [by_rate[str(r)]["mean_token_latency"] for r in data["rates"]], marker="o",
-                        label=name)
-            ax.set(xlabel="program arrival rate (programs/s)", ylabel="mean token latency (s/token)",
-                   title=workload, yscale="log")
+    def per_workload(figure: dict[str, Any], width: float, title: str, name: str,
+                     draw: Callable[[Any, str, dict[str, Any]], None]) -> list[Path]:
+        """One panel per workload of ``figure``, drawn by ``draw(axes, workload, data)``: ``name``."""
+        if not figure:
+            return []
+        fig, axes = plt.subplots(1, len(figure), figsize=(width * len(figure), 3.6))
+        axes = axes if len(figure) > 1 else [axes]
+        for ax, (workload, data) in zip(axes, figure.items(), strict=True):
+            draw(ax, workload, data)
         axes[0].legend()
-        fig.suptitle(f"Figure 12 in simulation: {report['profile']}")
+        fig.suptitle(title)
         fig.tight_layout()
-        paths.append(out_dir / "sim-figure12.png")
-        fig.savefig(paths[-1], dpi=110)
+        path = out_dir / name
+        fig.savefig(path, dpi=110)
         plt.close(fig)
-    fig14 = report.get("figure14") or {}
-    if fig14:
-        fig, axes = plt.subplots(1, len(fig14), figsize=(4.5 * len(fig14), 3.6))
-        axes = axes if len(fig14) > 1 else [axes]
-        for ax, (workload, data) in zip(axes, fig14.items(), strict=True):
-            for balancer, by_n in data["scaling"].items():
-                ns = [int(n) for n in by_n]
-                ax.plot(ns, list(by_n.values()), marker="o", label=BALANCERS.get(balancer, balancer))
-            ns = [int(n) for n in next(iter(data["scaling"].values()))]
-            one = data["scaling"].get("autellix", {}).get("1")
-            if one:
-                ax.plot(ns, [one * n for n in ns], linestyle=":", color="grey", label="linear")
-            ax.set(xlabel="engines", ylabel="sustained rate (programs/s)", title=workload, xticks=ns)
-        axes[0].legend()
-        fig.suptitle(f"Figures 14/15 in simulation: sustained rate vs engines ({report['profile']})")
-        fig.tight_layout()
-        paths.append(out_dir / "sim-figure14.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
+        return [path]
+
+    def latency(ax: Any, workload: str, data: dict[str, Any]) -> None:
+        for name, by_rate in data["results"].items():
+            ax.plot(data["rates"], [by_rate[str(r)]["mean_token_latency"] for r in data["rates"]], marker="o",
+                    label=name)
+        ax.set(xlabel="program arrival rate (programs/s)", ylabel="mean token latency (s/token)",
+               title=workload, yscale="log")
+
+    def scaling(ax: Any, workload: str, data: dict[str, Any]) -> None:
+        for balancer, by_n in data["scaling"].items():
+            ns = [int(n) for n in by_n]
+            ax.plot(ns, list(by_n.values()), marker="o", label=BALANCERS.get(balancer, balancer))
+        ns = [int(n) for n in next(iter(data["scaling"].values()))]
+        one = data["scaling"].get("autellix", {}).get("1")
+        if one:
+            ax.plot(ns, [one * n for n in ns], linestyle=":", color="grey", label="linear")
+        ax.set(xlabel="engines", ylabel="sustained rate (programs/s)", title=workload, xticks=ns)
+
+    return [*per_workload(report.get("figure12") or {}, 4.2, f"Figure 12 in simulation: {report['profile']}",
+                          "sim-figure12.png", latency),
+            *per_workload(report.get("figure14") or {}, 4.5,
+                          f"Figures 14/15 in simulation: sustained rate vs engines ({report['profile']})",
+                          "sim-figure14.png", scaling)]
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> list[Path]:

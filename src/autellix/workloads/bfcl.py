@@ -1,10 +1,14 @@
-"""BFCL v3 multi-turn: a ReAct tool loop, one call per step, simulated tool results."""
+"""BFCL v3 multi-turn: a ReAct tool loop, one call per step, simulated tool results.
+
+The plan of a program (:class:`ReactTurn` of :class:`ToolStep`) and the loop
+that runs it (:func:`react_program`) serve ``tool_pause`` as well, which plans
+its programs over the same entries with other lengths and pauses."""
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,21 +60,70 @@ BFCL_LONG_RESULT = 1500
 
 
 @dataclass(frozen=True)
-class _ToolStep:
+class ToolStep:
+    """One LLM call that asks for a tool, the pause while it runs, and what it returns."""
+
     max_tokens: int
-    delay: float
-    result: str
+    pause_s: float
+    #: The user message that follows the call ("Observation: " and the tool's result).
+    observation: str
 
 
 @dataclass(frozen=True)
-class _ReactTurn:
+class ReactTurn:
+    """A user request: its text, the tool steps it takes, and the reply that ends it."""
+
     text: str
-    steps: tuple[_ToolStep, ...]
+    steps: tuple[ToolStep, ...]
     reply_tokens: int
 
 
 def call_name(call: str) -> str:
     return call.split("(", 1)[0].strip()
+
+
+def entry_functions(entry: BfclEntry, functions: dict[str, tuple[BfclFunction, ...]]) -> list[BfclFunction]:
+    """The functions of ``entry``'s API classes, in its class order."""
+    return [f for cls in entry.involved_classes for f in functions.get(cls, ())]
+
+
+def entry_turns(entry: BfclEntry, by_name: dict[str, BfclFunction],
+                calibration: str) -> Iterator[tuple[str, Sequence[str]]]:
+    """Each turn of ``entry``: what the user says (in ``miss_func``, the held-out functions that
+    become available, as docs under "raw" and as name and description otherwise) and its ground-truth calls."""
+    for t, user_messages in enumerate(entry.turns):
+        if user_messages:
+            text = "\n".join(user_messages)
+        else:  # miss_func: the held-out functions become available at this turn
+            added = [by_name[n] for n in entry.missed_functions.get(t, ()) if n in by_name]
+            docs = [f.doc if calibration == "raw" else f"{f.name}: {f.description}" for f in added]
+            text = "More functions are available now:\n" + "\n".join(docs)
+        yield text, entry.ground_truth[t] if t < len(entry.ground_truth) else ()
+
+
+def react_program(workload: str, program_id: str, system: str, plan: Sequence[ReactTurn], *,
+                  per_turn: bool = False) -> AgentProgram:
+    """The ReAct loop over ``plan``: per turn, the user's text, then each tool step (a call, its
+    pause, its observation), then the reply; the history is compacted only at the context limit.
+    ``per_turn``: each turn starts again from the system prompt (a fresh episode over the same docs)."""
+
+    async def run(llm: LLM) -> None:
+        sys_msg: Message = {"role": "system", "content": system}
+        history: list[Message] = [sys_msg]
+        for turn in plan:
+            if per_turn:
+                history = [sys_msg]
+            history.append(user_message(turn.text))
+            for step in turn.steps:
+                history = fit_messages(history, step.max_tokens)
+                call = await llm.chat(list(history), max_tokens=step.max_tokens, thread=MAIN_THREAD)
+                await llm.tool(step.pause_s)
+                history += [assistant_message(call), user_message(step.observation)]
+            history = fit_messages(history, turn.reply_tokens)
+            reply = await llm.chat(list(history), max_tokens=turn.reply_tokens, thread=MAIN_THREAD)
+            history.append(assistant_message(reply))
+
+    return AgentProgram(workload, program_id, run, expected_calls=sum(len(t.steps) + 1 for t in plan))
 
 
 def _bfcl_system(entry: BfclEntry, funcs: Sequence[BfclFunction], calibration: str) -> str:
@@ -125,21 +178,14 @@ def bfcl_program(
 ) -> AgentProgram:
     entry = entries[rng.randrange(len(entries))]
     missed = {name for names in entry.missed_functions.values() for name in names}
-    funcs = [f for cls in entry.involved_classes for f in functions.get(cls, ())]
+    funcs = entry_functions(entry, functions)
     by_name = {f.name: f for f in funcs}
     system = _bfcl_system(entry, [f for f in funcs if f.name not in missed], calibration)
     retry = rng.uniform(*BFCL_RETRY[rng.random() < BFCL_STRUGGLING])
     made = 0  # calls planned so far
-    turns: list[_ReactTurn] = []
-    for t, user_messages in enumerate(entry.turns):
-        if user_messages:
-            text = "\n".join(user_messages)
-        else:  # miss_func: the held-out functions become available at this turn
-            added = [by_name[n] for n in entry.missed_functions.get(t, ()) if n in by_name]
-            docs = [f.doc if calibration == "raw" else f"{f.name}: {f.description}" for f in added]
-            text = "More functions are available now:\n" + "\n".join(docs)
-        truth = entry.ground_truth[t] if t < len(entry.ground_truth) else ()
-        steps: list[_ToolStep] = []
+    turns: list[ReactTurn] = []
+    for text, truth in entry_turns(entry, by_name, calibration):
+        steps: list[ToolStep] = []
         for call in truth:
             ok = False
             while not ok and len(steps) < BFCL_MAX_STEPS and made + len(steps) + 1 < BFCL_MAX_CALLS:
@@ -147,30 +193,11 @@ def bfcl_program(
                 tokens = min(max(1, nbytes(call)), 256) if calibration == "raw" else draw(rng, *BFCL_DECODE)
                 delay = round(rng.uniform(*BFCL_TOOL_DELAY), 3)
                 result = tool_result(rng, by_name.get(call_name(call)), ok, entry.category, calibration)
-                steps.append(_ToolStep(tokens, delay, result))
-        turns.append(_ReactTurn(text, tuple(steps), draw(rng, *BFCL_DECODE)))
+                steps.append(ToolStep(tokens, delay, "Observation: " + result))
+        turns.append(ReactTurn(text, tuple(steps), draw(rng, *BFCL_DECODE)))
         made += len(steps) + 1
-    plan = tuple(turns)
-    per_turn = calibration == "paper"
-
-    async def run(llm: LLM) -> None:
-        sys_msg: Message = {"role": "system", "content": system}
-        history: list[Message] = [sys_msg]
-        for turn in plan:
-            if per_turn:  # each request is a fresh ReAct episode over the same tool docs
-                history = [sys_msg]
-            history.append(user_message(turn.text))
-            for step in turn.steps:
-                history = fit_messages(history, step.max_tokens)
-                call = await llm.chat(list(history), max_tokens=step.max_tokens, thread=MAIN_THREAD)
-                await llm.tool(step.delay)
-                history += [assistant_message(call), user_message("Observation: " + step.result)]
-            history = fit_messages(history, turn.reply_tokens)
-            reply = await llm.chat(list(history), max_tokens=turn.reply_tokens, thread=MAIN_THREAD)
-            history.append(assistant_message(reply))
-
-    calls = sum(len(t.steps) + 1 for t in plan)
-    return AgentProgram("bfcl", program_id, run, expected_calls=calls)
+    # "paper": each request is a fresh ReAct episode over the same tool docs
+    return react_program("bfcl", program_id, system, tuple(turns), per_turn=calibration == "paper")
 
 
 def build(indices: Sequence[int], seed: int, calibration: str, root: Path) -> list[AgentProgram]:

@@ -62,20 +62,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autellix.workloads.base import (
-    LLM,
-    MAIN_THREAD,
-    AgentProgram,
-    Message,
-    assistant_message,
-    clip_head,
-    draw,
-    fit_messages,
-    nbytes,
-    program_rng,
-    user_message,
+from autellix.workloads.base import AgentProgram, clip_head, draw, nbytes, program_rng
+from autellix.workloads.bfcl import (
+    BFCL_DECODE,
+    BFCL_INSTRUCTIONS,
+    ReactTurn,
+    ToolStep,
+    call_name,
+    entry_functions,
+    entry_turns,
+    react_program,
+    tool_result,
 )
-from autellix.workloads.bfcl import BFCL_DECODE, BFCL_INSTRUCTIONS, call_name, tool_result
 from autellix.workloads.data import BFCL_CLASS_FILES, BfclEntry, BfclFunction, load_bfcl, load_bfcl_functions
 
 WORKLOAD = "tool-pause"
@@ -123,23 +121,6 @@ class ToolLatency:
 TOOL_LATENCY = ToolLatency()
 
 
-@dataclass(frozen=True)
-class _Step:
-    """One LLM call that asks for a tool, the pause while it runs, and what it returns."""
-
-    call: str
-    max_tokens: int
-    pause_s: float
-    observation: str
-
-
-@dataclass(frozen=True)
-class _Turn:
-    text: str
-    steps: tuple[_Step, ...]
-    reply_tokens: int
-
-
 def system_prompt(classes: Sequence[str], functions: dict[str, tuple[BfclFunction, ...]]) -> str:
     """The instructions and the JSON docs of ``classes`` (in the data's class order), cut to :data:`SYSTEM_BYTES`."""
     ordered = [cls for cls in BFCL_CLASS_FILES if cls in classes]
@@ -152,37 +133,17 @@ def tool_pause_program(program_id: str, rng: random.Random, entries: Sequence[Bf
                        ) -> AgentProgram:
     """One program over a seeded BFCL entry; every choice is drawn here, none when it runs."""
     entry = entries[rng.randrange(len(entries))]
-    by_name = {f.name: f for cls in entry.involved_classes for f in functions.get(cls, ())}
+    by_name = {f.name: f for f in entry_functions(entry, functions)}
     system = system_prompt(entry.involved_classes, functions)
-    turns: list[_Turn] = []
-    for t, user_messages in enumerate(entry.turns):
-        if user_messages:
-            text = "\n".join(user_messages)
-        else:  # miss_func: the held-out functions become available at this turn
-            added = [by_name[n].doc for n in entry.missed_functions.get(t, ()) if n in by_name]
-            text = "More functions are available now:\n" + "\n".join(added)
-        truth = entry.ground_truth[t] if t < len(entry.ground_truth) else ()
+    turns: list[ReactTurn] = []
+    for text, truth in entry_turns(entry, by_name, "raw"):
         steps = tuple(
-            _Step(call, min(max(1, nbytes(call)), MAX_CALL_TOKENS), latency.draw(rng),
-                  "Observation: " + tool_result(rng, by_name.get(call_name(call)), True, entry.category, "raw"))
+            ToolStep(min(max(1, nbytes(call)), MAX_CALL_TOKENS), latency.draw(rng),
+                     "Observation: " + tool_result(rng, by_name.get(call_name(call)), True, entry.category, "raw"))
             for call in truth)
-        turns.append(_Turn(text, steps, draw(rng, *BFCL_DECODE)))
-    plan = tuple(turns)
-
-    async def run(llm: LLM) -> None:
-        history: list[Message] = [{"role": "system", "content": system}]
-        for turn in plan:
-            history.append(user_message(turn.text))
-            for step in turn.steps:
-                history = fit_messages(history, step.max_tokens)
-                call = await llm.chat(list(history), max_tokens=step.max_tokens, thread=MAIN_THREAD)
-                await llm.tool(step.pause_s)
-                history += [assistant_message(call), user_message(step.observation)]
-            history = fit_messages(history, turn.reply_tokens)
-            history.append(assistant_message(await llm.chat(list(history), max_tokens=turn.reply_tokens,
-                                                            thread=MAIN_THREAD)))
-
-    return AgentProgram(WORKLOAD, program_id, run, expected_calls=sum(len(t.steps) + 1 for t in plan))
+        turns.append(ReactTurn(text, steps, draw(rng, *BFCL_DECODE)))
+    # the whole history stays in the prompt across turns
+    return react_program(WORKLOAD, program_id, system, tuple(turns))
 
 
 def tool_pauses(program: AgentProgram) -> list[float]:

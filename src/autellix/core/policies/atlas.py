@@ -28,17 +28,11 @@ committed it to (``ProcessTable.view``, PLAS alike). ATLAS's two points survive:
 
 from __future__ import annotations
 
-from autellix.core.config import SchedulerConfig
-from autellix.core.mlq import QueueSpec
+from autellix.core.policies.plas import PLAS
 
 
-class ATLAS:
+class ATLAS(PLAS):
+    """PLAS's rule between programs (total engine time: width is charged) and its queues; the
+    critical path that orders a program's own calls is the process table's."""
+
     name = "atlas"
-    places_by_priority = True
-
-    def attained_service(self, service: float, inherited: float, model_time: float) -> float:
-        # total engine time: width is charged (the critical path is the process table's)
-        return service + model_time
-
-    def queues(self, config: SchedulerConfig) -> QueueSpec:
-        return QueueSpec.from_config(config)

@@ -10,7 +10,8 @@ finds it on any replica.
 * ``MemoryResponseRecords``: one gateway (and the simulator); bounded in count
   and by age.
 * ``RedisResponseRecords``: replicas behind Envoy share the records through
-  Redis (``{prefix}response:{id}``, a JSON value expiring after ``ttl``): a
+  the shared store's connection (``autellix.control.store.connection``;
+  ``{prefix}response:{id}``, a JSON value expiring after ``ttl``): a
   chain survives the loss of the replica that served its last call. It keeps a
   local copy of what this replica wrote or read, so a store outage costs the
   chains this replica served nothing; a write that fails is retried with the
@@ -24,7 +25,10 @@ import logging
 import math
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # redis: only with a shared store
+    from autellix.control.store.connection import StoreConnection
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,6 @@ class ResponseRecords(Protocol):
         """Drop the record; whether there was one."""
         ...
 
-    async def close(self) -> None: ...
-
 
 class MemoryResponseRecords:
     """Records in this process: the newest ``capacity``, each for ``ttl`` seconds."""
@@ -101,26 +103,18 @@ class MemoryResponseRecords:
     async def forget(self, response_id: str) -> bool:
         return self._records.pop(response_id, None) is not None
 
-    async def close(self) -> None:
-        return None
-
 
 class RedisResponseRecords:
     """Records in Redis for every replica, with a local copy of what this replica wrote or read."""
 
-    def __init__(self, url: str, *, ttl: float, prefix: str = "autellix:", capacity: int = MEMORY_RECORDS) -> None:
-        from autellix.control.redis_store import store_client  # redis: only with a store
-
-        self.redis = store_client(url)
-        self.ttl, self.prefix = ttl, prefix
+    def __init__(self, connection: StoreConnection, *, ttl: float, capacity: int = MEMORY_RECORDS) -> None:
+        self.redis, self.keys = connection.redis, connection.keys
+        self.ttl = ttl
         self.local = MemoryResponseRecords(ttl=ttl, capacity=capacity)
         #: Records not yet in Redis (it was unreachable when they were made), written with the next put.
         self._pending: OrderedDict[str, StoredResponse] = OrderedDict()
         #: Reads and writes that failed (the store unreachable): what the local copy answered instead.
         self.failures = 0
-
-    def _key(self, response_id: str) -> str:
-        return f"{self.prefix}response:{response_id}"
 
     async def put(self, record: StoredResponse) -> None:
         await self.local.put(record)
@@ -128,7 +122,8 @@ class RedisResponseRecords:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for pending in self._pending.values():
-                    pipe.set(self._key(pending.response_id), pending.to_json(), px=max(1, int(self.ttl * 1000)))
+                    pipe.set(self.keys.response(pending.response_id), pending.to_json(),
+                             px=max(1, int(self.ttl * 1000)))
                 await pipe.execute()
             self._pending.clear()
         except Exception as exc:  # any store failure: the local copy serves this replica meanwhile
@@ -142,7 +137,7 @@ class RedisResponseRecords:
         if record is not None:
             return record
         try:
-            raw = await self.redis.get(self._key(response_id))
+            raw = await self.redis.get(self.keys.response(response_id))
         except Exception as exc:
             self.failures += 1
             log.warning("response store unreachable reading %s: %r", response_id, exc)
@@ -157,14 +152,11 @@ class RedisResponseRecords:
         known = await self.local.forget(response_id)
         self._pending.pop(response_id, None)
         try:
-            known = bool(await self.redis.delete(self._key(response_id))) or known
+            known = bool(await self.redis.delete(self.keys.response(response_id))) or known
         except Exception as exc:
             self.failures += 1
             log.warning("response store unreachable forgetting %s: %r", response_id, exc)
         return known
-
-    async def close(self) -> None:
-        await self.redis.aclose()
 
 
 __all__ = ["MEMORY_RECORDS", "MemoryResponseRecords", "RedisResponseRecords", "ResponseRecords", "StoredResponse"]

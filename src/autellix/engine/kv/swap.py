@@ -21,7 +21,7 @@ issues: one copy per block per layer per ``outer``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -211,43 +211,46 @@ class KVBlockMover:
 
     def save(self, block_ids: Sequence[int], host_rows: Sequence[int]) -> None:
         """Copy device blocks ``block_ids`` into host rows ``host_rows`` (same order)."""
-        ids = self._validated(block_ids, host_rows, unique=False)
-        if ids is None:
-            return
-        timer = self._start()
-        transfers = 0
-        for lo, hi in self._chunks(len(block_ids)):
-            runs = contiguous_runs(host_rows[lo:hi])
-            if self.views[0].device.type == "cpu":  # the cache is host memory already: gather in place
-                for pos, first, length in runs:
-                    gather_blocks(self.views, ids[lo + pos:lo + pos + length], out=self.host[first:first + length])
-            else:
-                staging = self._gather(ids[lo:hi])
-                for pos, first, length in runs:
-                    self.host[first:first + length].copy_(staging[pos:pos + length], non_blocking=True)
-            transfers += len(runs)
-        self._stop("out", timer, len(block_ids), transfers)
+        self._move("out", block_ids, host_rows, self._save_piece)
 
     def load(self, host_rows: Sequence[int], block_ids: Sequence[int]) -> None:
         """Copy host rows ``host_rows`` into device blocks ``block_ids`` (same order)."""
-        # Unique ids only: two host rows scattered into one block would race.
-        ids = self._validated(block_ids, host_rows, unique=True)
+        self._move("in", block_ids, host_rows, self._load_piece)
+
+    def _move(self, direction: str, block_ids: Sequence[int], host_rows: Sequence[int],
+              piece: Callable[[torch.Tensor, list[tuple[int, int, int]]], None]) -> None:
+        """One batch either way, timed and counted: ``piece`` moves each piece of at most
+        ``staging_rows`` blocks, one transfer per contiguous run of its host rows."""
+        # Loads take unique ids only: two host rows scattered into one block would race.
+        ids = self._validated(block_ids, host_rows, unique=direction == "in")
         if ids is None:
             return
         timer = self._start()
         transfers = 0
         for lo, hi in self._chunks(len(block_ids)):
             runs = contiguous_runs(host_rows[lo:hi])
-            if self.views[0].device.type == "cpu":
-                for pos, first, length in runs:
-                    scatter_blocks(self.views, ids[lo + pos:lo + pos + length], self.host[first:first + length])
-            else:
-                staging = self._staging(hi - lo)
-                for pos, first, length in runs:
-                    staging[pos:pos + length].copy_(self.host[first:first + length], non_blocking=True)
-                self._scatter(ids[lo:hi], staging)
+            piece(ids[lo:hi], runs)
             transfers += len(runs)
-        self._stop("in", timer, len(block_ids), transfers)
+        self._stop(direction, timer, len(block_ids), transfers)
+
+    def _save_piece(self, ids: torch.Tensor, runs: list[tuple[int, int, int]]) -> None:
+        if self.views[0].device.type == "cpu":  # the cache is host memory already: gather in place
+            for pos, first, length in runs:
+                gather_blocks(self.views, ids[pos:pos + length], out=self.host[first:first + length])
+            return
+        staging = self._gather(ids)
+        for pos, first, length in runs:
+            self.host[first:first + length].copy_(staging[pos:pos + length], non_blocking=True)
+
+    def _load_piece(self, ids: torch.Tensor, runs: list[tuple[int, int, int]]) -> None:
+        if self.views[0].device.type == "cpu":
+            for pos, first, length in runs:
+                scatter_blocks(self.views, ids[pos:pos + length], self.host[first:first + length])
+            return
+        staging = self._staging(ids.numel())
+        for pos, first, length in runs:
+            staging[pos:pos + length].copy_(self.host[first:first + length], non_blocking=True)
+        self._scatter(ids, staging)
 
     def _chunks(self, n: int) -> list[tuple[int, int]]:
         """A batch in pieces of at most ``staging_rows`` (one piece unless the

@@ -4,7 +4,7 @@ blocks in a bounded host pool and loads them back when it resumes.
 Loaded through vLLM's KV transfer configuration (no vLLM source is changed)::
 
     --kv-transfer-config '{"kv_connector": "AutellixSwapConnector",
-        "kv_connector_module_path": "autellix.engine.kv_connector",
+        "kv_connector_module_path": "autellix.engine.kv.connector",
         "kv_role": "kv_both", "kv_connector_extra_config": {"host_pool_blocks": 4096}}'
 
 (:func:`kv_transfer_args` builds it.) vLLM's connector interface has no
@@ -13,7 +13,7 @@ preemption hook on the scheduler side, so Autellix's scheduler
 vLLM's KV-pressure preemptions go through) calls :meth:`swap_out` with the
 request's blocks just before vLLM frees them. The same pool keeps paused
 programs' prefixes that KV retention gives up under memory pressure
-(:meth:`offload_prefix`, ``autellix.engine.kv_retention``: rows reserved at
+(:meth:`offload_prefix`, ``autellix.engine.kv.retention``: rows reserved at
 once, each block copied only when vLLM reuses it) until the program's next
 call takes them (:meth:`adopt_prefix`). Then, per step:
 
@@ -57,8 +57,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from autellix.engine.kv_pool import HostBlockPool
-from autellix.engine.kv_swap import KVBlockMover
+from autellix.engine.kv.pool import HostBlockPool
+from autellix.engine.kv.swap import KVBlockMover
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -69,10 +69,10 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-log = logging.getLogger("autellix.engine.kv_connector")
+log = logging.getLogger("autellix.engine.kv.connector")
 
 CONNECTOR = "AutellixSwapConnector"
-MODULE = "autellix.engine.kv_connector"
+MODULE = "autellix.engine.kv.connector"
 #: Host pool size when none is configured, in KV blocks (all layers of one block per row).
 DEFAULT_HOST_POOL_BLOCKS = 1024
 
@@ -287,7 +287,7 @@ class AutellixSwapConnector(KVConnectorBase_V1):
     def free_rows(self) -> int:
         return self.capacity - self.pool.used
 
-    # ---- scheduler side: paused programs' prefixes (``autellix.engine.kv_retention``) ----------
+    # ---- scheduler side: paused programs' prefixes (``autellix.engine.kv.retention``) ----------
     def offload_prefix(self, key: str, block_ids: Sequence[int], tokens: int) -> bool:
         """A paused program's held prefix is given up: reserve host rows for its blocks
         under ``key``. Nothing is copied yet: the scheduler releases the blocks with
@@ -473,7 +473,7 @@ def _flatten(jobs: Iterable[SwapJob]) -> tuple[list[int], list[int]]:
 def load_kernel() -> object | None:
     """The compiled CUDA gather/scatter (``csrc/``), or None: the torch path then."""
     try:
-        from autellix.engine.kv_kernel import load
+        from autellix.engine.kv.kernel import load
     except ImportError:
         return None
     try:

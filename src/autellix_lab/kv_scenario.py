@@ -9,7 +9,7 @@ prefix caching on (``--no-prefix-caching`` to compare), and a KV cache too
 small for the requests together, so vLLM preempts. Then, on the same engine with its prefix cache reset, each
 request runs alone (no preemption): the reference tokens.
 
-``python -m autellix.engine.kv_scenario --swap --host-pool-blocks 64`` prints
+``python -m autellix_lab.kv_scenario --swap --host-pool-blocks 64`` prints
 one JSON object. Run each configuration in its own process: vLLM keeps the KV
 connector in a process-wide global.
 """
@@ -86,7 +86,7 @@ def run(s: Scenario) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
-    from autellix.engine.kv_connector import CONNECTOR, MODULE
+    from autellix.engine.kv.connector import CONNECTOR, MODULE
     from autellix.engine.launch import SCHEDULER_CLS
     from autellix.engine.tiny_model import build_tiny_model, default_model_dir
 

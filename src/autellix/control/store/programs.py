@@ -44,15 +44,10 @@ Everything a call reads on the hot path (``priority``, ``pinned``, the entry)
 is local. ``flush`` writes the pending state at once (SIGTERM, tests).
 The in-memory store is all local: its ``flush`` has nothing to do.
 
-The takeover's check. Engines running Autellix's scheduler keep a tally of each
-program's calls that finished on them (``autellix.protocol.ProgramService``): the
-same model time the gateway charged for each call, and each call ran on one engine,
-so the tallies of all engines add up to the program's service (a lower bound: an
-engine that restarted or never answered adds nothing). A shared store that takes a
-program over asks a ``ServiceWitness`` (the gateway's engine pool) for that sum, at
-most ``timeout`` seconds, and raises the program's service to it when the store's is
-lower; never lowers it. On an error or a timeout the store's value stays and the
-check counts as ``failed``. Programs a replica holds are never checked.
+A shared store that takes a program over from another replica checks its service
+against the engines' tallies first (``autellix.control.store.takeover``): what the store lost
+with a dead replica's last write behind, the engines still count. Programs a replica
+holds are never checked.
 
 Time is passed in (``now``): the gateway passes its monotonic clock, the
 simulator its virtual one.
@@ -61,9 +56,7 @@ simulator its virtual one.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 from autellix.control.recent import RecentIds
@@ -72,30 +65,6 @@ from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, Progra
 #: Ended ids remembered so that late calls get a clear 404: at most this many (about 200 bytes
 #: each), and each for ``ended_ttl`` seconds (``autellix.control.recent``).
 ENDED_MEMORY = 100_000
-
-#: How a takeover's check ended (a metric's label): the store's service was raised to the
-#: engines' sum, or it was at least that already; an engine did not answer in time (what the
-#: others said still counts); no engine keeps tallies to ask.
-CHECK_OUTCOMES = ("repaired", "confirmed", "failed", "skipped")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineService:
-    """What the engines asked said of one program: the sum of their tallies (each counted
-    only if it began after the program was opened), how many were asked, how many failed."""
-
-    service: float
-    asked: int
-    failed: int = 0
-
-
-class ServiceWitness(Protocol):
-    """Who can say how much service the engines gave a program (the gateway's engine pool)."""
-
-    async def program_service(self, program_id: str, *, since: float, timeout: float) -> EngineService:
-        """The sum of the engines' tallies of ``program_id`` begun at ``since`` (Unix seconds: when
-        the program was opened) or later, answered within about ``timeout`` seconds."""
-        ...
 
 
 @runtime_checkable
@@ -177,12 +146,6 @@ class ProgramStore(Protocol):
         ...
 
     def __len__(self) -> int: ...
-
-    # ---- optional: a shared store checks programs it takes over --------------------------
-    def check_takeovers(self, witness: ServiceWitness, observe: Callable[[str, float], None] | None = None) -> None:
-        """Check every program taken over from another replica against ``witness`` (the engines); a
-        store that never takes programs over (one replica) does nothing."""
-        ...
 
 
 class MemoryProgramStore:
@@ -308,23 +271,5 @@ class MemoryProgramStore:
     def __contains__(self, program_id: object) -> bool:
         return program_id in self.table
 
-    def check_takeovers(self, witness: ServiceWitness, observe: Callable[[str, float], None] | None = None) -> None:
-        """Nothing to check: this store never takes a program over from another replica."""
 
-
-__all__ = ["CHECK_OUTCOMES", "ENDED_MEMORY", "EngineService", "MemoryProgramStore", "ProgramStore", "ServiceWitness",
-           "UnknownProgram"]
-
-
-def redacted_url(url: str) -> str:
-    """``url`` with its password, if it has one, as ``***`` (``redis://:***@host:6379/0``, and a
-    ``password=`` query parameter): what a log line or an error may show of a store's URL."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    rest, question, query = rest.partition("?")
-    userinfo, at, location = rest.rpartition("@")
-    if at and ":" in userinfo:
-        rest = f"{userinfo.partition(':')[0]}:***@{location}"
-    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", query)
-    return f"{scheme}://{rest}{question}{query}"
+__all__ = ["ENDED_MEMORY", "MemoryProgramStore", "ProgramStore", "UnknownProgram"]

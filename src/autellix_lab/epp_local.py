@@ -2,7 +2,7 @@
 
 ``PickerProcess`` runs ``autellix epp`` as a child process that can be killed and
 started again on the same ports (the failure-mode tests do both); ``LocalGie``
-adds Envoy, configured by ``autellix.epp.envoy_config`` with one listener per
+adds Envoy, configured by ``autellix_lab.gie_envoy`` with one listener per
 ``GatewayListener``, and yields the gateway's URLs once Envoy routes and the
 picker is ready.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from autellix.child_processes import free_ports, owned_child, stop_process
 from autellix.epp.contract import endpoint_of
-from autellix.epp.envoy_config import Balancing, GatewayListener, gie_bootstrap
 from autellix.mesh.envoy import EnvoyProcess, envoy_binary, wait_envoy_ready
+from autellix_lab.gie_envoy import Balancing, GatewayListener, gie_bootstrap
 
 
 @dataclass
@@ -138,15 +138,4 @@ class LocalGie:
             self.picker.stop()
 
 
-def gie_gateway(engines: Sequence[str], *, picker_args: Sequence[str] = (), fail_open: bool = False,
-                balancing: Balancing = "original_dst", log_dir: Path | None = None,
-                ) -> contextlib.AbstractContextManager[LocalGie]:
-    """One listener on a free port in front of ``engines``, the picker with ``picker_args``."""
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="autellix-gie-"))
-    picker = PickerProcess(engines, picker_args, log_path=log_dir / "epp.log")
-    (port,) = free_ports(1)
-    return LocalGie(picker, [GatewayListener(port, fail_open=fail_open)], balancing=balancing,
-                    workdir=log_dir / "envoy").running()
-
-
-__all__ = ["LocalGie", "PickerProcess", "gie_gateway"]
+__all__ = ["LocalGie", "PickerProcess"]

@@ -26,7 +26,7 @@ token latency (wall-clock: meaningful on a quiet machine only).
 (``AUTELLIX_KV_RETENTION=off``); ``--swap`` loads the swap connector, so that
 held prefixes are offloaded to its host pool under pressure::
 
-    python -m autellix.engine.retention_scenario --retention --swap
+    python -m autellix_lab.retention_scenario --retention --swap
 
 prints one JSON line. Run each configuration in its own process: vLLM keeps
 the KV connector in a process-wide global. ``tests/engine/test_kv_retention_engine.py``
@@ -243,10 +243,10 @@ def run(s: Scenario) -> dict[str, Any]:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    from autellix.engine.kv_connector import CONNECTOR, MODULE
-    from autellix.engine.kv_scenario import KV_BYTES_PER_BLOCK_BOUND, randomize_weights
+    from autellix.engine.kv.connector import CONNECTOR, MODULE
     from autellix.engine.launch import SCHEDULER_CLS
     from autellix.engine.tiny_model import build_tiny_model, default_model_dir
+    from autellix_lab.kv_scenario import KV_BYTES_PER_BLOCK_BOUND, randomize_weights
 
     kv_transfer = None
     if s.swap:

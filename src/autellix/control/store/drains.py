@@ -1,12 +1,13 @@
-"""Engine drains kept in the shared store, so a drain sent to any gateway replica applies on all.
+"""Engine drains across replicas: a drain sent to any gateway replica applies on all (the shared store), or here.
 
-Without it a drain is one gateway's state: the operator drains an engine through
-one replica (its admin Service picks any) while the others keep sending it calls.
-With ``autellix gateway --store``, ``POST /admin/engines/drain`` (and ``undrain``)
-writes the mark to Redis first, then applies it locally; every replica reads the
-marks with each engine poll (every ``poll_interval``, 1 s) and applies them to its
-pool. So a drain reaches every replica within a poll, and a restarted replica starts
-with the drains in force.
+Without a shared store a drain is one gateway's state (``LocalDrains``). With
+``autellix gateway --store``, one replica's drain would leave the others sending
+the engine calls (the operator drains through one replica: its admin Service
+picks any), so ``POST /admin/engines/drain`` (and ``undrain``) writes the mark to
+the store first (``SharedDrains``), then applies it locally; every replica reads
+the marks with each engine poll (every ``poll_interval``, 1 s) and applies them to
+its pool. So a drain reaches every replica within a poll, and a restarted replica
+starts with the drains in force.
 
 In Redis: the hash ``{prefix}drained`` (engine URL -> when it was drained, Unix
 seconds), expiring ``MARK_TTL_S`` after its last change. A mark goes with an
@@ -17,20 +18,22 @@ gateway).
 When the store is out of reach a drain still applies here at once, and its mark is
 written when the store answers again (the other replicas apply it then); meanwhile
 each replica keeps the drains it has. A store that restarted empty (its epoch,
-``autellix.control.redis_store.store_epoch``, changed) gets back the drains in force
-on every replica, each writing its own, instead of undraining them all.
+``autellix.control.store.connection``, changed) gets back the drains in force on
+every replica, each writing its own, instead of undraining them all.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from autellix.control.redis_store import STORE_ERRORS, store_client, store_epoch
+from autellix.control.background import Repeating
+
+if TYPE_CHECKING:  # redis: only with a shared store
+    from autellix.control.store.connection import StoreConnection
 
 log = logging.getLogger(__name__)
 
@@ -44,30 +47,55 @@ class Drainable(Protocol):
 
 
 class DrainablePool(Protocol):
+    """The engines a gateway routes to, as drains see them (the gateway's engine pool)."""
+
     @property
     def engines(self) -> Mapping[str, Drainable]: ...
 
     def set_draining(self, url: str, draining: bool) -> object: ...
 
 
+class DrainSharing(Protocol):
+    """Where engine drains go before they apply here: nowhere (one gateway) or every replica (a shared store)."""
+
+    async def set(self, url: str, draining: bool) -> None:
+        """Share a drain (or an undrain) of ``url``, before it is applied here."""
+        ...
+
+    def applied_to(self, pool: DrainablePool) -> Repeating | None:
+        """What applies the other replicas' drains to ``pool`` while the gateway runs (None: nothing to)."""
+        ...
+
+
+class LocalDrains:
+    """One gateway: a drain is this gateway's alone."""
+
+    async def set(self, url: str, draining: bool) -> None:
+        return None
+
+    def applied_to(self, pool: DrainablePool) -> Repeating | None:
+        return None
+
+
 class SharedDrains:
-    def __init__(self, url: str, *, prefix: str = "autellix:", poll_interval: float = 1.0) -> None:
-        self.redis = store_client(url)
-        self.key = f"{prefix}drained"
-        self.epoch_key = f"{prefix}epoch"
+    """Drains in the shared store, applied to this replica's pool every ``poll_interval``."""
+
+    def __init__(self, connection: StoreConnection, *, poll_interval: float = 1.0) -> None:
+        self.connection = connection
+        self.redis, self.key = connection.redis, connection.keys.drained
         self.poll_interval = poll_interval
-        self.pool: DrainablePool | None = None
         self._known: set[str] = set()
         self._local_change = 0.0
         #: Drains applied here that the store has not taken yet: URL -> draining.
         self._unwritten: dict[str, bool] = {}
         #: The store's epoch at the last sync; None before the first.
         self._epoch: str | None = None
-        self._task: asyncio.Task[None] | None = None
 
     async def set(self, url: str, draining: bool) -> None:
         """Share a drain (before it is applied here): every replica applies it on its next poll. With the
         store out of reach, the mark is written when it answers again."""
+        from autellix.control.store.connection import STORE_ERRORS  # redis: this module serves LocalDrains too
+
         self._local_change = time.monotonic()
         self._unwritten[url] = draining
         try:
@@ -95,39 +123,29 @@ class SharedDrains:
             self._unwritten = {**marks, **self._unwritten}  # a newer change for a URL wins
             raise
 
-    def start(self, pool: DrainablePool) -> None:
-        self.pool = pool
-        self._task = asyncio.create_task(self._loop(), name="shared-drains")
+    def applied_to(self, pool: DrainablePool) -> Repeating:
+        """The poll that applies the shared marks to ``pool``: at the gateway's start, then every poll."""
+        return Repeating("shared-drains", self.poll_interval, functools.partial(self._follow, pool), at_once=True)
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.redis.aclose()
+    async def _follow(self, pool: DrainablePool) -> None:
+        try:
+            await self.sync(pool)
+        except Exception as exc:  # the store away: keep the drains as they are, retry next poll
+            log.warning("reading the shared drains failed: %r", exc)
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.sync()
-            except Exception as exc:  # the store away: keep the drains as they are, retry next poll
-                log.warning("reading the shared drains failed: %r", exc)
-            await asyncio.sleep(self.poll_interval)
-
-    async def sync(self) -> None:
-        """Apply the shared marks to this replica's pool; drop the marks of engines that left it."""
-        assert self.pool is not None
+    async def sync(self, pool: DrainablePool) -> None:
+        """Apply the shared marks to ``pool``; drop the marks of engines that left it."""
         began = time.monotonic()
-        epoch = await store_epoch(self.redis, self.epoch_key)
+        epoch = await self.connection.epoch()
         if self._epoch is not None and epoch != self._epoch:  # the store restarted empty: give it our drains
-            for url, engine in self.pool.engines.items():
+            for url, engine in pool.engines.items():
                 if engine.draining:
                     self._unwritten.setdefault(url, True)
             log.info("the store restarted empty: writing back this replica's %d drains", len(self._unwritten))
         await self._write_marks()
         self._epoch = epoch
         marks = await self.redis.hgetall(self.key)
-        present = set(self.pool.engines)
+        present = set(pool.engines)
         gone = (self._known - present) & marks.keys()
         self._known = present
         if gone:
@@ -135,4 +153,7 @@ class SharedDrains:
         if self._local_change >= began:  # a drain sent here meanwhile: this read may predate it
             return
         for url in present:
-            self.pool.set_draining(url, url in marks)
+            pool.set_draining(url, url in marks)
+
+
+__all__ = ["MARK_TTL_S", "DrainSharing", "Drainable", "DrainablePool", "LocalDrains", "SharedDrains"]

@@ -23,7 +23,7 @@ The swap connector falls back to its torch path when neither works.
   only torch's CPU-side ones. :func:`prebuild` is the same two steps for a list
   of GPU architectures, linked against the ``libcudart`` torch itself loads.
 
-``python -m autellix.engine.kv_kernel check`` runs the compile check;
+``python -m autellix.engine.kv.kernel check`` runs the compile check;
 ``... prebuild --install`` builds, installs and verifies the prebuilt extension
 (the image's build stage); ``... build`` compiles and loads it at run time
 (CUDA torch); ``... where`` says which one :func:`load` would take.
@@ -62,7 +62,7 @@ _ARCH = re.compile(r"(\d+)\.(\d)([af]?)(\+PTX)?")
 def csrc_dir() -> Path:
     """``$AUTELLIX_CSRC``, else ``csrc/`` of the source checkout this module is in."""
     configured = os.environ.get("AUTELLIX_CSRC")
-    path = Path(configured) if configured else Path(__file__).resolve().parents[3] / "csrc"
+    path = Path(configured) if configured else Path(__file__).resolve().parents[4] / "csrc"
     if not all((path / name).is_file() for name in SOURCES):
         raise FileNotFoundError(f"KV swap kernel sources {SOURCES} not found in {path} (set AUTELLIX_CSRC)")
     return path
@@ -342,7 +342,7 @@ def where() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autellix.engine.kv_kernel",
+    parser = argparse.ArgumentParser(prog="python -m autellix.engine.kv.kernel",
                                      description="Build, check and locate the KV swap kernel (csrc/).")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="CI: nvcc + c++ against this torch's headers, link, import")

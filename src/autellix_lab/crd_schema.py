@@ -7,7 +7,7 @@ strictly as a Deployment's own (an unknown or misspelt field is refused with
 ``kubectl apply``'s strict field validation, not silently pruned).
 Descriptions are left out to keep the CRD small.
 
-``python -m autellix.kube.crd_schema`` rewrites the generated blocks of
+``python -m autellix_lab.crd_schema`` rewrites the generated blocks of
 ``crds/autellixengine.yaml``: after a ``# generated: Affinity`` (or
 ``[Toleration]``, a list) comment inside a field, up to ``# end generated``;
 ``tests/kube/test_crds.py`` fails when they are stale.
@@ -93,7 +93,7 @@ def regenerate(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0]) if argv else Path(__file__).resolve().parents[3] / "crds" / "autellixengine.yaml"
+    path = Path(argv[0]) if argv else Path(__file__).resolve().parents[2] / "crds" / "autellixengine.yaml"
     path.write_text(regenerate(path.read_text()))
     return 0
 
