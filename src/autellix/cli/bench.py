@@ -13,7 +13,7 @@ from autellix.cli.common import OutputFormat, comma_list, fail, numbers, one_of,
 from autellix.cli.options import NO_OVERRIDES, SchedulerOverrides, scheduler_options
 from autellix.core.config import BALANCERS
 from autellix.workloads import WORKLOADS
-from autellix.workloads.systems import SYSTEMS
+from autellix.workloads.systems import REAL_SYSTEMS
 
 app = typer.Typer(help="Agent-program benchmarks against any OpenAI endpoint.")
 
@@ -84,7 +84,7 @@ def bench_sweep(
     programs: Annotated[int | None, typer.Option(min=1, help="Programs per rate (default: the workload's)")] = None,
     seed: Annotated[int, typer.Option(help="Seed of programs and arrivals")] = 1,
     systems: Annotated[str, typer.Option(
-        help=f"Comma-separated: {', '.join(SYSTEMS)}")] = (
+        help=f"Comma-separated: {', '.join(REAL_SYSTEMS)}")] = (
         "vllm,vllm-opt,client-plas,llmd-fairness,plas,autellix"),
     calibration: Annotated[str, typer.Option(help="paper or raw")] = "paper",
     stream: Annotated[bool, typer.Option(help="Stream calls (default: whole calls, so the client and the "

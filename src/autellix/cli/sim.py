@@ -142,6 +142,8 @@ def sim_sweep(
     systems: Annotated[str | None, typer.Option(
         help="check: comma-separated systems (default: autellix and the baselines it is held to)")] = None,
     ours: Annotated[str, typer.Option(help="check: the system held to the baselines")] = "autellix",
+    ceiling: Annotated[bool, typer.Option(help="check: run the clairvoyant order at each overloaded point and "
+                                               "report the held system's mean over its mean")] = True,
     workloads: Annotated[str | None, typer.Option(
         help="Comma-separated workloads (default: all five for 12 and check, sharegpt and lats for 14)")] = None,
     engines: Annotated[str, typer.Option(help="Figure 14: comma-separated engine counts")] = "1,2,4,8",
@@ -161,7 +163,7 @@ def sim_sweep(
         raise fail(f"--figures: expected 12, 14 and/or check, got {figures!r}")
     if "check" in chosen:
         _sim_check(engine_profile, slots=slots, seeds=seeds, jobs=jobs, workloads=workloads, systems=systems,
-                   ours=ours, out=out)
+                   ours=ours, ceiling=ceiling, out=out)
         chosen.discard("check")
         if not chosen:
             return
@@ -193,7 +195,7 @@ def sim_sweep(
 
 
 def _sim_check(engine_profile: str, *, slots: str, seeds: str, jobs: int, workloads: str | None,
-               systems: str | None, ours: str, out: Path) -> None:
+               systems: str | None, ours: str, ceiling: bool, out: Path) -> None:
     """``sim sweep --figures check``: ``sim-check.json``, its table and ``sim-check.png``."""
     import json
 
@@ -217,7 +219,7 @@ def _sim_check(engine_profile: str, *, slots: str, seeds: str, jobs: int, worklo
     if ours not in chosen:
         raise fail(f"--ours {ours!r} must be one of the systems run")
     report = check(engine_profile, slots=slot_list, workloads=names, seeds=seed_list, systems=chosen, ours=ours,
-                   jobs=jobs, progress=progress)
+                   jobs=jobs, ceiling=ceiling, progress=progress)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sim-check.json"
     path.write_text(json.dumps(report, indent=2, default=str))

@@ -24,6 +24,7 @@ import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, NamedTuple
 
 from autellix.core.config import SchedulerConfig
@@ -151,6 +152,11 @@ class QueuedCall:
         return (self.level << RANK_BITS) | self.entered
 
 
+#: What ``MultiLevelQueue.quiet_until`` allows for rounding: a share of the starvation
+#: bound, and seconds of wait.
+_BOUND_SLACK = 1e-6
+_TIME_SLACK = 1e-6
+
 #: Bits of ``QueuedCall.rank`` left for the FCFS position: 2**40 queue entries
 #: per engine lifetime, and ranks stay inside vLLM's int64 priority range.
 RANK_BITS = 40
@@ -198,10 +204,14 @@ def backlog_ratio_floor(calls: Iterable[QueuedCall], view_of: ProgramLookup) -> 
     and the summed service by two per running call (a program with a running
     call counts from its first instant), so the ratio moves monotonically from
     its value now towards waiting / (2 x running)."""
+    return _ratio_floor(_program_totals(((call, call.wait) for call in calls), view_of))
+
+
+def _ratio_floor(totals: Iterable[list[Any]]) -> float:
+    """``backlog_ratio_floor`` of ``_program_totals``."""
     wait = service = 0.0
     waiting = running = 0
-    for program_wait, program_service, program_waiting, program_running in _program_totals(
-            ((call, call.wait) for call in calls), view_of):
+    for program_wait, program_service, program_waiting, program_running in totals:
         if program_service > 0 or program_running:
             wait += program_wait
             service += program_service
@@ -259,9 +269,7 @@ class _Queue:
         return len(self._places)
 
     def __iter__(self) -> Iterator[QueuedCall]:
-        calls = self._calls
-        for place in self._places:
-            yield calls[place]
+        return map(self._calls.__getitem__, self._places)
 
     def insert(self, call: QueuedCall) -> None:
         place = call.entered
@@ -293,11 +301,18 @@ class MultiLevelQueue:
         self._running: dict[Hashable, QueuedCall] = {}
         #: Calls charged since the last rebalance: the only ones a quantum can run out for.
         self._charged: dict[Hashable, QueuedCall] = {}
+        #: Some queue's quantum is finite: with none (the default layout) no call is ever
+        #: demoted, and charging keeps no record of who ran.
+        self._spendable = not all(math.isinf(q) for q in spec.quanta)
         self._seq = 0
         self._clock: float | None = None
         self._shared_clock: list[float] = [0.0]  # what calls read their wait from
-        #: The (wait / service) ratio the last sweep promoted at (``QueueSpec.starvation_bound``).
+        #: The (wait / service) ratio the last sweep promoted at (``QueueSpec.starvation_bound``); a
+        #: sweep an engine skips (``quiet_until``) leaves it as it was.
         self.starvation_bound = spec.beta
+        #: Counts what can make a sweep move a call other than time: a call arrived or left,
+        #: changed queue, or started or stopped running (``quiet_until``).
+        self.changes = 0
 
     # ---- membership -------------------------------------------------------
     def __len__(self) -> int:
@@ -308,8 +323,7 @@ class MultiLevelQueue:
 
     def __iter__(self) -> Iterator[QueuedCall]:
         """Calls in scheduling order: Q1 first, by place (FCFS, promoted calls by arrival) inside each."""
-        for queue in self._queues:
-            yield from queue
+        return chain.from_iterable(self._queues)
 
     def get(self, call_id: Hashable) -> QueuedCall | None:
         return self._calls.get(call_id)
@@ -343,6 +357,7 @@ class MultiLevelQueue:
         self._seq += 1
         self._calls[call_id] = call
         self._queues[level].insert(call)
+        self.changes += 1
         return call
 
     def remove(self, call_id: Hashable, now: float) -> QueuedCall:
@@ -354,6 +369,7 @@ class MultiLevelQueue:
         self._charged.pop(call_id, None)
         call.running = False
         call.clock = [self._shared_clock[0]]  # its times stop here
+        self.changes += 1
         return call
 
     def _move(self, call: QueuedCall, level: int, *, by_arrival: bool = False) -> None:
@@ -367,6 +383,7 @@ class MultiLevelQueue:
             call.entered = self._seq  # joins the tail of its new queue
             self._seq += 1
         self._queues[level].insert(call)
+        self.changes += 1
 
     # ---- time -------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -383,10 +400,39 @@ class MultiLevelQueue:
 
     def charge(self, batch: Iterable[QueuedCall], steps: int = 1) -> None:
         """The batch ran ``steps`` scheduler steps: spend that much quantum."""
+        if not self._spendable:  # every quantum infinite: nothing to spend, no one to demote
+            for call in batch:
+                call.steps += steps
+            return
+        charged = self._charged
         for call in batch:
             call.quantum_left -= steps
             call.steps += steps
-            self._charged[call.call_id] = call
+            charged[call.call_id] = call
+
+    def ran(self, now: float, steps: int = 1) -> None:
+        """The running calls ran until ``now``, ``steps`` scheduler steps: ``advance(now)`` and
+        ``charge`` of the running calls in one pass (the same arithmetic, in the same order)."""
+        running = self._running
+        if self._clock is None or now <= self._clock or not running:
+            self.advance(now)
+            self.charge(running.values(), steps=steps)
+            return
+        dt = now - self._clock
+        self._clock = self._shared_clock[0] = now
+        if not self._spendable:
+            for call in running.values():
+                call.model_time += dt
+                call.total_model_time += dt
+                call.steps += steps
+            return
+        charged = self._charged
+        for call_id, call in running.items():
+            call.model_time += dt
+            call.total_model_time += dt
+            call.quantum_left -= steps
+            call.steps += steps
+            charged[call_id] = call
 
     @property
     def running(self) -> list[QueuedCall]:
@@ -401,27 +447,63 @@ class MultiLevelQueue:
         less often than it steps. Returns the calls that changed queue, so an
         engine re-keys only those."""
         self.advance(now)
-        charged = list(self._charged.values())
-        self._charged.clear()
+        charged = self._charged
         if not sweep:
-            return [call for call in charged if self._demote_spent(call)]
+            if not charged:
+                return []
+            spent = [call for call in charged.values() if not call.quantum_left > 0]
+            charged.clear()
+            return [call for call in spent if self._demote_spent(call)]
+        charged.clear()
+        return self._sweep(now)
+
+    def _sweep(self, now: float) -> list[QueuedCall]:
+        """Every call, in arrival order: demotion, placement, then anti-starvation at the
+        bound of the backlog as it stands (``backlog_ratio``, read in the same pass as each
+        call's wait). Each program's view is read once."""
         moved: list[QueuedCall] = []
         spec = self.spec
         check_starvation = not math.isinf(spec.beta)
+        places = self.places_by_priority
         candidates = list(self._calls.values())
         views = ProgramViews(self._lookup)  # one lookup per program, not per call
         levels: dict[str, int] = {}  # the level of each program's priority, once per program
-        # QueuedCall.wait, read once per call: a sweep visits every call twice
-        clock = self._shared_clock[0]
-        waits = [max(0.0, clock - call.wait_origin - call.model_time) for call in candidates]
+        # per program: its view's wait and charged service, and its key's backlog totals
+        terms: dict[str, tuple[float, float]] = {}
+        of_program: dict[str, list[Any]] = {}
+        waits: list[float] = []  # QueuedCall.wait, read once per call
         if check_starvation:
-            self.starvation_bound = spec.starvation_bound(
-                _served_ratio(_program_totals(zip(candidates, waits, strict=True), views.__getitem__)))
+            clock = self._shared_clock[0]
+            totals: dict[str, list[Any]] = {}
+            keep = waits.append
+            for call in candidates:
+                model_time = call.model_time
+                call_wait = clock - call.wait_origin - model_time
+                if not call_wait > 0.0:  # max(0.0, ...)
+                    call_wait = 0.0
+                keep(call_wait)
+                program_id = call.program_id
+                total = of_program.get(program_id)
+                if total is None:
+                    program = views[program_id]
+                    key = program.tree or program_id
+                    total = totals.get(key)
+                    if total is None:  # as _program_totals: the first program of a key gives its totals
+                        total = totals[key] = [program.wait, program.charged, 0, 0]
+                    of_program[program_id] = total
+                    terms[program_id] = (program.wait, program.charged)
+                total[0] += call_wait
+                total[1] += 2.0 * model_time
+            self.starvation_bound = spec.starvation_bound(_served_ratio(totals.values()))
+        else:
+            waits = [0.0] * len(candidates)
         bound = self.starvation_bound
+        move = self._move
         for call, call_wait in zip(candidates, waits, strict=True):
-            if self._demote_spent(call):
+            if not call.quantum_left > 0:
+                self._demote_spent(call)
                 moved.append(call)
-            elif call.steps == 0 and not call.promoted and self.places_by_priority:
+            elif places and call.steps == 0 and not call.promoted:
                 # Not started yet: follow the program's priority as it moves, so all
                 # waiting calls of one program sit at one level (ATLAS's shared priority),
                 # each at the place its arrival gives it: at the tail, the calls that had
@@ -430,21 +512,96 @@ class MultiLevelQueue:
                 if level is None:
                     level = levels[call.program_id] = spec.level_for(views[call.program_id].priority)
                 if level != call.level:
-                    self._move(call, level, by_arrival=True)
+                    move(call, level, by_arrival=True)
                     moved.append(call)
             if check_starvation and call.level > 0:
-                program = views[call.program_id]
-                wait = program.wait + call_wait
-                service = program.charged + call.model_time
+                program_wait, program_charged = terms[call.program_id]
+                wait = program_wait + call_wait
+                service = program_charged + call.model_time
                 if wait > 0 and (service <= 0 or wait >= bound * service):
                     call.wait_origin, call.model_time = now, 0.0
                     call.promoted = True
                     call.promotions += 1
                     # Ahead of the calls that arrived after it: at Q1's tail, a
                     # promoted call would wait again behind every newcomer.
-                    self._move(call, 0, by_arrival=True)
+                    move(call, 0, by_arrival=True)
                     moved.append(call)
         return moved
+
+    def spent(self) -> bool:
+        """Has a call charged since the last rebalance used its queue's quantum (it is demoted there)?"""
+        return self._spendable and any(not call.quantum_left > 0 for call in self._charged.values())
+
+    def quiet_until(self) -> float:
+        """The earliest time a sweep could move a call, if from the queue's clock on nothing
+        changes but time: no call arrives, leaves, changes queue, starts or stops running
+        (``changes`` stays as it is), no program's view changes, and no call's quantum runs
+        out (``spent``, for the caller to check at each sweep). ``math.inf``: never; the
+        clock or earlier: a sweep now may move a call.
+
+        A sweep then demotes no one, places no one (each call not started yet sits at its
+        program's level already, or the clock is returned) and promotes a call only once it
+        meets the starvation bound. A running call's wait stays and its service grows; a
+        waiting call's wait grows one second a second; the bound is never below its value
+        at the lowest the backlog's ratio can fall to (``backlog_ratio_floor``, or its value
+        now, if lower). Rounding is allowed for: the bound by a millionth of itself, the
+        times by a microsecond. An engine that sweeps every ``interval`` may skip sweeps
+        until then (``autellix.engine.planner``): they would move no call."""
+        clock = self._shared_clock[0]
+        spec = self.spec
+        check_starvation = not math.isinf(spec.beta)
+        places = self.places_by_priority
+        views = ProgramViews(self._lookup)
+        levels: dict[str, int] = {}
+        terms: dict[str, tuple[float, float, list[Any]]] = {}
+        totals: dict[str, list[Any]] = {}
+        lifted: list[tuple[QueuedCall, float, float]] = []  # calls above Q1: (call, its wait, its service)
+        for call in self._calls.values():
+            if not call.quantum_left > 0:
+                return clock
+            if places and call.steps == 0 and not call.promoted:
+                level = levels.get(call.program_id)
+                if level is None:
+                    level = levels[call.program_id] = spec.level_for(views[call.program_id].priority)
+                if level != call.level:
+                    return clock
+            if not check_starvation:
+                continue
+            call_wait = clock - call.wait_origin - call.model_time
+            if not call_wait > 0.0:
+                call_wait = 0.0
+            term = terms.get(call.program_id)
+            if term is None:
+                program = views[call.program_id]
+                key = program.tree or call.program_id
+                total = totals.get(key)
+                if total is None:
+                    total = totals[key] = [program.wait, program.charged, 0, 0]
+                term = terms[call.program_id] = (program.wait, program.charged, total)
+            total = term[2]
+            total[0] += call_wait
+            total[1] += 2.0 * call.model_time
+            total[3 if call.running else 2] += 1
+            if call.level > 0:
+                lifted.append((call, term[0] + call_wait, term[1] + call.model_time))
+        if not check_starvation:
+            return math.inf
+        lowest = min(_served_ratio(totals.values()), _ratio_floor(totals.values()))
+        bound = spec.starvation_bound(lowest) * (1.0 - _BOUND_SLACK)
+        first = math.inf
+        for call, wait, service in lifted:
+            if service <= 0:
+                return clock
+            if call.running:  # its wait stays, its service grows
+                if wait + _TIME_SLACK >= bound * service:
+                    return clock
+            else:  # its wait grows a second a second
+                at = clock + bound * service - wait - _TIME_SLACK
+                if at <= clock:
+                    return clock
+                if at < first:
+                    first = at
+        return first
 
     def _demote_spent(self, call: QueuedCall) -> bool:
         """Demote the call if it has used its queue's quantum (the last queue round-robins)."""
@@ -472,15 +629,22 @@ class MultiLevelQueue:
     def mark_running(self, call_ids: Iterable[Hashable]) -> None:
         """The engine runs exactly these calls (it may admit fewer than the batch
         when memory is short): time is charged to them, waiting to the rest."""
-        self._set_running([c for i in call_ids if (c := self._calls.get(i)) is not None])
+        ids = list(call_ids)
+        if ids == list(self._running):  # step to step the engine mostly runs the same calls, in the same order
+            return
+        self._set_running([c for i in ids if (c := self._calls.get(i)) is not None])
 
     def _set_running(self, calls: list[QueuedCall]) -> None:
         # Flags change only for calls that start or stop: step to step, most keep running.
         before, after = self._running, {c.call_id: c for c in calls}
-        for call_id in before.keys() - after.keys():
+        stopped = before.keys() - after.keys()
+        started = after.keys() - before.keys()
+        for call_id in stopped:
             before[call_id].running = False
-        for call_id in after.keys() - before.keys():
+        for call_id in started:
             after[call_id].running = True
+        if stopped or started:
+            self.changes += 1
         self._running = after
 
     # ---- checks -----------------------------------------------------------

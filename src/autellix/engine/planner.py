@@ -17,6 +17,7 @@ of its own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,9 @@ from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD
 #: ran can use up a quantum); the sweep touches every call, so it runs at most
 #: this often. Promotion thresholds are beta x seconds of service, so 20 ms late
 #: changes nothing, and a step stays O(running calls) (experiments/scheduler_step_time.py).
+#: A sweep that falls due while nothing has changed since the last one but time, and
+#: before any call could meet the starvation bound (``MultiLevelQueue.quiet_until``),
+#: is skipped: it would move no call.
 SWEEP_INTERVAL_S = 0.02
 
 #: The ``vllm_xargs`` keys the gateway sends and the record published for each
@@ -129,6 +133,15 @@ class CallPlanner:
         self._left = 0
         self._last_sweep = -float("inf")
         self.sweep_interval = SWEEP_INTERVAL_S
+        #: Skip sweeps that would move no call (``replan``); off: every due sweep runs.
+        self.skip_quiet_sweeps = True
+        #: Arrivals and departures: the only times the table, and so a program's view, changes.
+        self._table_changes = 0
+        #: The queue's and the table's changes after the last sweep, and, once asked, until when nothing can move.
+        self._changes_at_sweep = (-1, -1)
+        self._quiet_until: float | None = None
+        #: Sweeps that fell due and ran, and those skipped.
+        self.sweeps = self.skipped_sweeps = 0
         self.preemption_rule = PreemptionRule(max_victims=config.max_preemptions)
         self.turnover = SlotTurnover()
 
@@ -152,6 +165,7 @@ class CallPlanner:
 
     # ---- life of a call ------------------------------------------------------
     def arrive(self, call_id: str, who: CallIdentity, now: float) -> QueuedCall:
+        self._table_changes += 1
         entry = self.table.get(who.program_id) or self.table.start(who.program_id, now)
         # The gateway's numbers cover every engine; ours cover calls that finished
         # here since. Both only grow, so the larger is the fresher.
@@ -170,6 +184,7 @@ class CallPlanner:
         who = self._identity.pop(call_id, None)
         if who is None or call_id not in self.queue:
             return None
+        self._table_changes += 1
         call = self.queue.remove(call_id, now)
         if finished:
             self.table.call_finished(who.program_id, call_id, now, model_time=call.total_model_time,
@@ -192,11 +207,38 @@ class CallPlanner:
         """Demotion, anti-starvation and placement, then the preemptions that pay
         for themselves (``autellix.core.preemption``): ``lost_tokens(call_id)``
         says how many computed KV tokens preempting a running call would lose.
-        Returns (calls whose rank changed, running calls to preempt)."""
+        Returns (calls whose rank changed, running calls to preempt).
+
+        A due sweep is skipped when nothing but time has changed since the last one
+        (no call arrived, left, changed queue, started or stopped running, and so no
+        program's view changed: this table changes only in ``arrive`` and ``leave``)
+        and the queue promises that no call can move before the next
+        (``MultiLevelQueue.quiet_until``): it would move nothing. The sweeps still
+        fall due at the same times, so every decision is the same as sweeping."""
+        queue = self.queue
         sweep = now - self._last_sweep >= self.sweep_interval
         if sweep:
             self._last_sweep = now
-        moved = self.queue.rebalance(now, sweep=sweep)
+            changes = (queue.changes, self._table_changes)
+            if self.skip_quiet_sweeps and changes == self._changes_at_sweep and not queue.spent():
+                # Nothing but time has changed since the last sweep: the queue says until when no
+                # call can move (asked once a quiet stretch, O(calls) as a sweep; -inf: no promise).
+                if self._quiet_until is None:
+                    queue.advance(now)
+                    until = queue.quiet_until()
+                    self._quiet_until = until if until > now else -math.inf
+                if now < self._quiet_until:
+                    sweep = False
+                    self.skipped_sweeps += 1
+                elif self._quiet_until > -math.inf:
+                    self._quiet_until = None  # its time came: sweep, then ask again
+        moved = queue.rebalance(now, sweep=sweep)
+        if sweep:
+            self.sweeps += 1
+            changes = (queue.changes, self._table_changes)
+            if changes != self._changes_at_sweep:
+                self._changes_at_sweep = changes
+                self._quiet_until = None
         cost: Callable[[QueuedCall], int] | None = None
         if lost_tokens is not None:
             by_id = lost_tokens
@@ -216,6 +258,5 @@ class CallPlanner:
         step is the scheduled calls' model time (the scheduler's own few
         microseconds between steps are theirs too) and that many steps of their
         quantum; everyone else waited."""
-        self.queue.advance(now)
-        self.queue.charge(self.queue.running, steps=steps)
+        self.queue.ran(now, steps)
         self.turnover.stepped(steps)

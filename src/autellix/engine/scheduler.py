@@ -39,6 +39,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import PriorityRequestQueue, SchedulingPolicy
@@ -245,5 +246,5 @@ class AutellixScheduler(TracedScheduler):
         self.running = keep
 
 
-def _by_priority(request: Request) -> int:
-    return request.priority
+#: A request's sort key: its call's rank.
+_by_priority = attrgetter("priority")

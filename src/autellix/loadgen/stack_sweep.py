@@ -61,7 +61,7 @@ from autellix.loadgen.runner import run_programs
 from autellix.sim.engine_profile import EngineProfile
 from autellix.workloads import make_programs, tool_pause
 from autellix.workloads.run_metrics import loaded_comparison, paired_rounds, per_program, summarize, sustained_rates
-from autellix.workloads.systems import SYSTEMS, System
+from autellix.workloads.systems import REAL_SYSTEMS, SYSTEMS, System
 
 
 @dataclass(frozen=True)
@@ -228,9 +228,10 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
     machine (each round's systems still run the same draw, so the ratios
     within a round stay paired). ``trace_steps``: each engine writes ``steps-<system>.jsonl`` in its log
     folder and each run's result gains ``engine_steps``."""
-    unknown = [s for s in systems if s not in SYSTEMS]
+    unknown = [s for s in systems if s not in REAL_SYSTEMS]
     if unknown:
-        raise ValueError(f"unknown system(s) {unknown}; expected some of {', '.join(SYSTEMS)}")
+        raise ValueError(f"unknown system(s) {unknown} on real engines; expected some of {', '.join(REAL_SYSTEMS)}"
+                         " (the clairvoyant order is the simulator's alone)")
     if rounds < 1:
         raise ValueError(f"rounds: expected at least 1, got {rounds}")
     if len(set(systems)) != len(systems):

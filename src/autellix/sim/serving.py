@@ -20,7 +20,7 @@ import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from autellix.backends import CallOutcome, VllmBackend
 from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, RequestController
@@ -28,6 +28,7 @@ from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.engine_load import EngineLoad
 from autellix.engine.tiny_model import render_chat
 from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_TREE, XARG_WAIT, XARGS_FIELD
+from autellix.sim.clairvoyant import CLAIRVOYANT_LEVELS, LEARNING_SYSTEM, Clairvoyance
 from autellix.sim.engine_model import EngineModel
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.engine_request import RequestOutcome, SimRequest
@@ -193,6 +194,27 @@ class _SimEngines:
         return 0.0
 
 
+class ProgramRanks(Protocol):
+    """An order of programs set from outside the policy: each call carries its program's rank in place of
+    its service (lower runs first), with no tree. The clairvoyant order (``autellix.sim.clairvoyant``)
+    is one; an experiment's estimate is another."""
+
+    #: While True the ranks are only told outcomes; calls carry their programs' service.
+    learning: bool
+
+    def finished(self, program_id: str, model_time: float, output_tokens: int) -> None:
+        """A call of ``program_id`` finished."""
+        ...
+
+    def ended(self, program_id: str) -> None:
+        """``program_id`` (a root program, its subagents ended before it) ended."""
+        ...
+
+    def rank(self, program_id: str) -> float:
+        """The rank a call of ``program_id`` carries now."""
+        ...
+
+
 #: The one model every simulated engine serves.
 SIM_MODEL = "sim"
 
@@ -201,8 +223,10 @@ class SimGateway:
     """The gateway's request controller (``autellix.control``) on the virtual clock, against the engine models."""
 
     def __init__(self, system: System, config: SchedulerConfig, engines: dict[str, _Engine], *,
-                 link_subagents: bool = True) -> None:
+                 link_subagents: bool = True, ranks: ProgramRanks | None = None) -> None:
         self.system = system
+        #: An order of programs set from outside the policy (``ProgramRanks``): the clairvoyant's, an experiment's.
+        self.ranks = ranks
         #: Open a program's subagents as its subagents (the gateway ranks the tree as one); off: as programs
         #: of their own, as a gateway that does not know them would.
         self.link_subagents = link_subagents
@@ -243,11 +267,12 @@ class SimGateway:
             priority = attempt.body.get(PRIORITY_FIELD, 0)
             if not gateway and self.system.client_priority:
                 priority = client_priority(generated)
+            service, tree = (xargs[XARG_SERVICE], xargs.get(XARG_TREE)) if gateway else (None, None)
+            if self.ranks is not None and not self.ranks.learning:
+                service, tree = self.ranks.rank(program_id), None
             request = SimRequest(attempt.call_id, prompt, max_tokens, program_id=program_id if gateway else None,
-                                 thread_id=thread, priority=priority,
-                                 service=xargs[XARG_SERVICE] if gateway else None,
-                                 wait=xargs[XARG_WAIT] if gateway else None,
-                                 tree=xargs.get(XARG_TREE) if gateway else None, output=output)
+                                 thread_id=thread, priority=priority, service=service,
+                                 wait=xargs[XARG_WAIT] if gateway else None, tree=tree, output=output)
             engine = self.engines[attempt.engine]
             if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
                 await asyncio.sleep(engine.model.profile.call_overhead)
@@ -260,6 +285,8 @@ class SimGateway:
                 if self.flow is not None:
                     self.flow.arrived()
             outcome = await pending
+            if self.ranks is not None:
+                self.ranks.finished(program_id, outcome.model_time, outcome.output_tokens)
             if self.admission is not None:
                 self.admission.call_finished(program_id, outcome.prompt_tokens + outcome.output_tokens)
             await attempt.settle(CallOutcome(200, completion_tokens=outcome.output_tokens,
@@ -339,10 +366,12 @@ class SimLLM:
 
 def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System | str,
                       rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None,
-                      link_subagents: bool = True) -> SimRun:
+                      link_subagents: bool = True, ranks: ProgramRanks | None = None) -> SimRun:
     """Run ``programs`` with Poisson arrivals at ``rate`` against ``engines``
     modelled engines of ``profile`` serving ``system``; deterministic in ``seed``. ``link_subagents``: the
-    programs' subagents are opened as such (off: as unrelated programs)."""
+    programs' subagents are opened as such (off: as unrelated programs). The ``clairvoyant`` system runs the
+    programs twice (``autellix.sim.clairvoyant``): the second run is its result. ``ranks``: an order of
+    programs set from outside the policy (``ProgramRanks``), for experiments."""
     if isinstance(system, str):
         if system not in SYSTEMS:
             raise ValueError(f"unknown system {system!r}; expected one of {', '.join(SYSTEMS)}")
@@ -350,6 +379,25 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     if engines < 1:
         raise ValueError(f"engines must be >= 1, got {engines}")
     config = config or SchedulerConfig()
+    if not system.clairvoyant:
+        return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
+                         config=config, link_subagents=link_subagents, ranks=ranks)
+    if ranks is not None:
+        raise ValueError("the clairvoyant system ranks programs itself: no ranks to give it")
+    seen = Clairvoyance()
+    _simulate(programs, profile=profile, system=SYSTEMS[LEARNING_SYSTEM], rate=rate, seed=seed, engines=engines,
+              config=config, link_subagents=link_subagents, ranks=seen)
+    seen.learning = False
+    return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
+                     config=config.with_overrides(boundaries=CLAIRVOYANT_LEVELS.boundaries,
+                                                  quanta=CLAIRVOYANT_LEVELS.quanta, beta=CLAIRVOYANT_LEVELS.beta),
+                     link_subagents=link_subagents, ranks=seen)
+
+
+def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System, rate: float, seed: int,
+              engines: int, config: SchedulerConfig, link_subagents: bool,
+              ranks: ProgramRanks | None = None) -> SimRun:
+    """One run of ``simulate_programs``."""
     if system.policy is not None and system.engine_scheduler == "autellix":
         config = config.with_overrides(policy=system.policy)
     arrivals = poisson_arrivals(len(programs), rate, seed)
@@ -362,7 +410,7 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
         pool = {f"engine-{i}": _Engine(f"engine-{i}", EngineModel(
             profile, scheduler=system.engine_scheduler, config=config, prefix_caching=system.prefix_caching,
             chunked_prefill=system.chunked_prefill), loop) for i in range(engines)}
-        gateway = SimGateway(system, config, pool, link_subagents=link_subagents)
+        gateway = SimGateway(system, config, pool, link_subagents=link_subagents, ranks=ranks)
         holder["pool"], holder["gateway"] = pool, gateway
 
         async def one(program: AgentProgram) -> None:
@@ -381,6 +429,8 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
                 for subagent in llm.subagents[::-1]:  # subagents first, then their root
                     await gateway.store.end(subagent, remember=False)
                 await gateway.store.end(program.program_id, remember=False)
+                if gateway.ranks is not None:
+                    gateway.ranks.ended(program.program_id)
                 if gateway.admission is not None:
                     gateway.admission.leave(program.program_id)
 

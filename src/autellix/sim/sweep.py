@@ -16,7 +16,10 @@ the sustained rate per engine count shows how throughput grows.
 Check: every workload at 32 and 256 slots, three seeds, the rates of
 ``CHECK_LOADS``: autellix's mean and its P99 each at most ``CHECK_FACTOR`` x
 the best baseline's (vllm-opt, plas, client-plas and the llm-d rule,
-``llmd-fairness``; ``check_point``).
+``llmd-fairness``; ``check_point``). At each overloaded point (vllm-opt at
+``OVERLOAD_FACTOR`` x or more its latency at the lowest rate) the clairvoyant
+order runs too (``autellix.sim.clairvoyant``), and autellix's mean over its
+mean says how far autellix is from what any order of programs can reach.
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ CHECK_SYSTEMS = ("vllm-opt", "client-plas", "plas", "llmd-fairness", "autellix")
 CHECK_FACTOR = 1.05
 #: ... these baselines (each metric's own best).
 CHECK_RIVALS = ("vllm-opt", "plas", "client-plas", "llmd-fairness")
+#: The ceiling the check holds autellix's mean to at the overloaded points (not a rival: no system can run it).
+CEILING = "clairvoyant"
+#: The target: autellix's mean at most this times the clairvoyant order's at every overloaded point.
+CEILING_FACTOR = 1.1
+#: A point is overloaded where vllm-opt's mean is at least this many times its mean at the lowest rate.
+OVERLOAD_FACTOR = 3.0
 
 #: Per-engine rates of the multi-engine sweep (multiplied by the engine count).
 MULTI_LOADS: dict[str, Load] = {
@@ -129,30 +138,56 @@ def check_point(by_system: dict[str, dict[str, Any]], ours: str = "autellix") ->
         for name in rivals:
             out[f"{label}_vs_{name.replace('-', '_')}"] = mine[metric] / by_system[name][metric]
     out["passed"] = out["mean_ok"] and out["p99_ok"]
+    if CEILING in by_system:
+        out["mean_vs_clairvoyant"] = mine["mean_token_latency"] / by_system[CEILING]["mean_token_latency"]
     return out
+
+
+def overloaded(results: dict[tuple[str, int, int, str, str], Any], rates: Sequence[float],
+               key: tuple[str, int, int, float]) -> bool:
+    """Whether vllm-opt's mean at point ``key`` (workload, slots, seed, rate) is ``OVERLOAD_FACTOR`` times
+    its mean at the lowest of ``rates`` (the same seed) or more; False where vllm-opt did not run."""
+    workload, slots, seed, rate = key
+    loaded = results.get((workload, slots, seed, str(rate), "vllm-opt"))
+    unloaded = results.get((workload, slots, seed, str(min(rates)), "vllm-opt"))
+    if loaded is None or unloaded is None:
+        return False
+    return loaded["mean_token_latency"] >= OVERLOAD_FACTOR * unloaded["mean_token_latency"]
 
 
 def check(profile_name: str, *, slots: Sequence[int] = (32, 256), workloads: Sequence[str] | None = None,
           seeds: Sequence[int] = (1, 2, 3), systems: Sequence[str] = CHECK_SYSTEMS, ours: str = "autellix",
-          jobs: int = 2, progress: Callable[[str], None] = print) -> dict[str, Any]:
+          jobs: int = 2, ceiling: bool = True, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Every workload (default: all of ``CHECK_LOADS``), slot count, seed and rate
     of ``CHECK_LOADS``, every system, on ``jobs`` processes; each point checked
-    by ``check_point`` with ``ours`` held to the baselines."""
+    by ``check_point`` with ``ours`` held to the baselines; with ``ceiling``, the
+    clairvoyant order run at each overloaded point (``overloaded``) as well."""
     workloads = list(workloads or CHECK_LOADS[slots[0]])
     tasks = [(profile_name, w, n, rate, i, system, seed) for n in slots for w in workloads for seed in seeds
              for i, rate in enumerate(CHECK_LOADS[n][w].rates) for system in systems]
     results: dict[tuple[str, int, int, str, str], Any] = {}
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for key, summary in pool.map(_check_task, tasks):
-            results[key] = summary
-            progress(f"check {key[0]} {key[1]} slots seed {key[2]} @ {key[3]}/s {key[4]}: mean "
-                     f"{1e3 * summary['mean_token_latency']:.1f} ms/token, P99 "
-                     f"{1e3 * summary['p99_token_latency']:.1f} ({len(results)}/{len(tasks)}, "
-                     f"{time.perf_counter() - started:.0f} s)")
+
+    def run(batch: list[tuple[str, str, int, float, int, str, int]], total: int) -> None:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for key, summary in pool.map(_check_task, batch):
+                results[key] = summary
+                progress(f"check {key[0]} {key[1]} slots seed {key[2]} @ {key[3]}/s {key[4]}: mean "
+                         f"{1e3 * summary['mean_token_latency']:.1f} ms/token, P99 "
+                         f"{1e3 * summary['p99_token_latency']:.1f} ({len(results)}/{total}, "
+                         f"{time.perf_counter() - started:.0f} s)")
+
+    run(tasks, len(tasks))
+    if ceiling and ours in systems:
+        # only where it says something: under light load every order is the same
+        ceiling_tasks = [(profile_name, w, n, rate, i, CEILING, seed) for n in slots for w in workloads
+                         for seed in seeds for i, rate in enumerate(CHECK_LOADS[n][w].rates)
+                         if CEILING not in systems and overloaded(results, CHECK_LOADS[n][w].rates, (w, n, seed, rate))]
+        run(ceiling_tasks, len(tasks) + len(ceiling_tasks))
     out: dict[str, Any] = {"profile": profile_name, "systems": list(systems), "seeds": list(seeds), "ours": ours,
                            "scheduler": SchedulerConfig.from_env().to_mapping(),
-                           "factor": CHECK_FACTOR, "rivals": list(CHECK_RIVALS), "slots": {}}
+                           "factor": CHECK_FACTOR, "rivals": list(CHECK_RIVALS), "ceiling": CEILING,
+                           "overload_factor": OVERLOAD_FACTOR, "slots": {}}
     for n in slots:
         by_workload: dict[str, Any] = {}
         for w in workloads:
@@ -160,9 +195,10 @@ def check(profile_name: str, *, slots: Sequence[int] = (32, 256), workloads: Seq
             points = []
             for seed in seeds:
                 for rate in load.rates:
-                    by_system = {s: results[(w, n, seed, str(rate), s)] for s in systems}
+                    by_system = {s: results[key] for s in (*systems, CEILING)
+                                 if (key := (w, n, seed, str(rate), s)) in results}
                     row = {"seed": seed, "rate": rate, "programs": load.programs_at(rate),
-                           "results": by_system}
+                           "overloaded": overloaded(results, load.rates, (w, n, seed, rate)), "results": by_system}
                     if ours in by_system and (set(CHECK_RIVALS) - {ours}) & set(by_system):
                         row["check"] = check_point(by_system, ours)
                     points.append(row)
@@ -176,8 +212,8 @@ def check_table(report: dict[str, Any]) -> list[str]:
     """Markdown rows: per slot count, workload and rate, each system's mean over
     the seeds, autellix's worst ratios to the best baseline and the checks passed."""
     lines = ["| slots | workload | rate | " + " | ".join(f"{s} mean" for s in report["systems"])
-             + " | mean / best | P99 / best | mean / llmd-fairness | passed |",
-             "|---" * (len(report["systems"]) + 7) + "|"]
+             + " | mean / best | P99 / best | mean / llmd-fairness | mean / clairvoyant | passed |",
+             "|---" * (len(report["systems"]) + 8) + "|"]
     for n, by_workload in report["slots"].items():
         for w, data in by_workload.items():
             for rate in data["rates"]:
@@ -188,8 +224,14 @@ def check_table(report: dict[str, Any]) -> list[str]:
                 passed = sum(c["passed"] for c in checks)
                 lines.append(f"| {n} | {w} | {rate} | " + " | ".join(f"{1e3 * m:.1f}" for m in means)
                              + "".join(f" | {_worst(checks, key)}"
-                                       for key in ("mean_vs_best", "p99_vs_best", "mean_vs_llmd_fairness"))
+                                       for key in ("mean_vs_best", "p99_vs_best", "mean_vs_llmd_fairness",
+                                                   "mean_vs_clairvoyant"))
                              + f" | {passed}/{len(checks)} |")
+    behind = [p["check"]["mean_vs_clairvoyant"] for by_workload in report["slots"].values()
+              for data in by_workload.values() for p in data["points"] if "mean_vs_clairvoyant" in p.get("check", {})]
+    if behind:
+        lines.append(f"\nautellix's mean over the clairvoyant order's at {len(behind)} overloaded points: at most "
+                     f"{CEILING_FACTOR}x at {sum(r <= CEILING_FACTOR for r in behind)}, worst {max(behind):.3f}x")
     return lines
 
 

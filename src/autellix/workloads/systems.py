@@ -17,7 +17,9 @@ simulator (``autellix sim --system``, ``autellix sim sweep``) compare: one table
 * ``llmd-fairness``: llm-d's program-aware flow control (gateway-side
   per-program queues while the pool is saturated, ``autellix.core.flow_control``)
   in front of stock vLLM engines run as ``vllm-opt``: the program-aware rival
-  (docs/rival.md).
+  (docs/rival.md);
+* ``clairvoyant`` (simulator only): no system a user can pick, a ceiling: every
+  program ranked by its whole work, known before it starts (``autellix.sim.clairvoyant``).
 
 Standard library only: ``autellix.loadgen`` and ``autellix.sim`` both read it.
 """
@@ -51,6 +53,9 @@ class System:
     flow_control: bool = False
     #: Program admission: new programs wait while the engines are full (``autellix.core.admission``).
     admission: bool = False
+    #: Each program ranked by its whole work, learnt by a first run of the same programs (the simulator's
+    #: ceiling, ``autellix.sim.clairvoyant``; no real engine can run it).
+    clairvoyant: bool = False
 
 
 #: The paper's systems (Figure 12), the other policies of the core, and ``client-plas``.
@@ -64,6 +69,10 @@ SYSTEMS: dict[str, System] = {
     "autellix": System("autellix", "autellix", "atlas", admission=True),
     "autellix-no-admission": System("autellix-no-admission", "autellix", "atlas"),
     "llmd-fairness": System("llmd-fairness", "fcfs", None, flow_control=True),
+    "clairvoyant": System("clairvoyant", "autellix", "atlas", clairvoyant=True),
 }
 
-__all__ = ["SYSTEMS", "System"]
+#: The systems real engines run (``autellix bench``): all but the simulator's ceiling.
+REAL_SYSTEMS: dict[str, System] = {name: system for name, system in SYSTEMS.items() if not system.clairvoyant}
+
+__all__ = ["REAL_SYSTEMS", "SYSTEMS", "System"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Hashable, Sequence
+from types import MethodType
 from typing import Any, Protocol
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -131,6 +132,16 @@ class PrefixRetention:
         #: Programs back with a call not admitted yet: that call (an offloaded prefix goes straight to it).
         self._waiting: dict[Hashable, Request] = {}
         self.adopted_tokens = 0
+        #: Told when the ledger starts or stops holding any prefix (``RetainingKVCacheManager``).
+        self.on_holding: Callable[[bool], None] | None = None
+        self._holding = False
+
+    def _held_changed(self) -> None:
+        holding = self.ledger.held_blocks > 0
+        if holding != self._holding:
+            self._holding = holding
+            if self.on_holding is not None:
+                self.on_holding(holding)
 
     # ---- calls ------------------------------------------------------------------------------
     def arrived(self, program: Hashable, request: Request, now: float, *, named: bool) -> None:
@@ -160,6 +171,7 @@ class PrefixRetention:
             del self._waiting[program]
         self.ledger.admitted(program, request.block_hashes[:full], computed_tokens // self.block_size)
         self._unpin(self.ledger.resumed(program))
+        self._held_changed()
 
     def finished(self, program: Hashable, request: Request, now: float, *, named: bool) -> None:
         """A call is about to leave (its blocks not yet freed): hold its program's prefix if the ledger says so."""
@@ -168,11 +180,13 @@ class PrefixRetention:
         if pin:
             self.pool.touch(pin)
         self._unpin(unpin)
+        self._held_changed()
 
     def aborted(self, program: Hashable, request: Request, now: float) -> None:
         if self._waiting.get(program) is request:
             del self._waiting[program]
         self._unpin(self.ledger.aborted(program, now))
+        self._held_changed()
 
     def expire(self, now: float, idle_s: float) -> None:
         for release in self.ledger.expire(now, idle_s):
@@ -180,6 +194,7 @@ class PrefixRetention:
         for program in [p for p in self._offloaded if p not in self.ledger.predictor]:
             del self._offloaded[program]
             self.swap.forget_prefix(_prefix_key(program))
+        self._held_changed()
 
     # ---- memory pressure ------------------------------------------------------------------------
     def give_back(self, shortfall: int, now: float) -> bool:
@@ -188,11 +203,13 @@ class PrefixRetention:
         releases = self.ledger.shortage(max(shortfall, 1), now, host_free_blocks=self.swap.free_rows())
         for release in releases:
             self._release(release)
+        self._held_changed()
         return bool(releases)
 
     def release_all(self) -> None:
         for release in self.ledger.release_all():
             self._unpin(release.blocks)
+        self._held_changed()
 
     def _release(self, release: Release[KVCacheBlock]) -> None:
         blocks = release.blocks
@@ -245,7 +262,11 @@ class RetainingKVCacheManager(KVCacheManager):
 
     vLLM's scheduler builds its ``KVCacheManager`` itself, with no factory to
     hand it a subclass; ``AutellixScheduler`` turns the freshly built manager
-    into this class (``adopt``), which changes nothing but ``allocate_slots``."""
+    into this class (``adopt``), which changes nothing but ``allocate_slots``.
+    While no prefix is held there is nothing to give back, and the manager's
+    ``allocate_slots`` is vLLM's own, bound to it (no wrapper's call in each
+    running request's allocation every step); the wrapper is put back when the
+    ledger takes its first hold (``PrefixRetention.on_holding``)."""
 
     retention: PrefixRetention
     clock: Callable[[], float]
@@ -257,7 +278,15 @@ class RetainingKVCacheManager(KVCacheManager):
         assert isinstance(manager, RetainingKVCacheManager)
         manager.retention = retention
         manager.clock = clock
+        retention.on_holding = manager._holding
+        manager._holding(retention.ledger.held_blocks > 0)
         return manager
+
+    def _holding(self, holding: bool) -> None:
+        if holding:
+            self.__dict__.pop("allocate_slots", None)  # the class's: gives held prefixes back when short
+        else:
+            self.allocate_slots = MethodType(_ALLOCATE_SLOTS, self)  # type: ignore[method-assign]
 
     def allocate_slots(self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
         blocks = _ALLOCATE_SLOTS(self, request, num_new_tokens, *args, **kwargs)
