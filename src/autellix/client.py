@@ -9,8 +9,10 @@ as the paper's frontend does. ``async_session`` is the same for asyncio. The
 ``openai`` client it gives back sends ``X-Autellix-Session`` on every call;
 ``thread=`` tags the calls of one thread (``X-Autellix-Thread``); ``parent=``
 opens the session as a subagent of another (a session id: the gateway ranks
-parent and subagents as one program). Session calls go through the same
-``openai`` client, so its auth, retries and proxies apply.
+parent and subagents as one program); ``expected_tokens=`` declares the tokens
+the program expects to generate in all (``docs/agents.md``, "Declaring a
+program's size"). Session calls go through the same ``openai`` client, so its
+auth, retries and proxies apply.
 
     with session(url) as lead, session(url, parent=lead.id) as helper:
         ...
@@ -25,7 +27,7 @@ from typing import Any
 
 import openai
 
-from autellix.protocol import SESSION_HEADER, SESSIONS_PATH, THREAD_HEADER, session_path
+from autellix.protocol import EXPECTED_TOKENS_FIELD, SESSION_HEADER, SESSIONS_PATH, THREAD_HEADER, session_path
 
 
 def _under_v1(path: str) -> str:
@@ -49,15 +51,18 @@ class Session:
     openai: Any
 
 
-def _open_body(parent: str | None) -> dict[str, str]:
-    return {"parent": parent} if parent is not None else {}
+def _open_body(parent: str | None, expected_tokens: int | None) -> dict[str, str | int]:
+    body: dict[str, str | int] = {"parent": parent} if parent is not None else {}
+    if expected_tokens is not None:
+        body[EXPECTED_TOKENS_FIELD] = expected_tokens
+    return body
 
 
 @contextmanager
 def session(base_url: str, *, api_key: str | None = None, thread: str | None = None, parent: str | None = None,
-            **openai_kwargs: Any) -> Iterator[Session]:
+            expected_tokens: int | None = None, **openai_kwargs: Any) -> Iterator[Session]:
     with openai.OpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
-        sid = bare.post(_under_v1(SESSIONS_PATH), body=_open_body(parent), cast_to=object)["id"]
+        sid = bare.post(_under_v1(SESSIONS_PATH), body=_open_body(parent, expected_tokens), cast_to=object)["id"]
         try:
             yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
         finally:
@@ -66,9 +71,11 @@ def session(base_url: str, *, api_key: str | None = None, thread: str | None = N
 
 @asynccontextmanager
 async def async_session(base_url: str, *, api_key: str | None = None, thread: str | None = None,
-                        parent: str | None = None, **openai_kwargs: Any) -> AsyncIterator[Session]:
+                        parent: str | None = None, expected_tokens: int | None = None,
+                        **openai_kwargs: Any) -> AsyncIterator[Session]:
     async with openai.AsyncOpenAI(base_url=_v1(base_url), api_key=api_key or "none", **openai_kwargs) as bare:
-        sid = (await bare.post(_under_v1(SESSIONS_PATH), body=_open_body(parent), cast_to=object))["id"]
+        body = _open_body(parent, expected_tokens)
+        sid = (await bare.post(_under_v1(SESSIONS_PATH), body=body, cast_to=object))["id"]
         try:
             yield Session(sid, bare.with_options(default_headers=session_headers(sid, thread)))
         finally:

@@ -75,6 +75,12 @@ CLAUDE_CODE_PARENT_AGENT_HEADER = "x-claude-code-parent-agent-id"
 PRIORITY_HEADER = "X-Autellix-Priority"
 #: Bounds of a priority class.
 MAX_PRIORITY_CLASS = 1_000_000
+#: The tokens a call's program says it will generate in all, on any call (``autellix.control.size_hints``);
+#: ``POST /v1/sessions`` takes it as the field ``expected_tokens``.
+EXPECTED_TOKENS_HEADER = "X-Autellix-Expected-Tokens"
+EXPECTED_TOKENS_FIELD = "expected_tokens"
+#: The most tokens a program may declare.
+MAX_EXPECTED_TOKENS = 1_000_000_000
 #: Longest session or thread id accepted in a header.
 MAX_ID_LENGTH = 256
 
@@ -125,6 +131,8 @@ XARG_PROGRAM, XARG_THREAD, XARG_CALL = "autellix_program", "autellix_thread", "a
 XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
 #: The subagent tree whose totals ``XARG_SERVICE`` and ``XARG_WAIT`` are (sent when not the program itself).
 XARG_TREE = "autellix_tree"
+#: The model time the program declared it will take (``autellix.core.ProcessTable.declared``; sent when said).
+XARG_DECLARED = "autellix_declared"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +151,8 @@ class SchedulingFields:
     level: int | None = None
     #: The subagent tree ``service`` and ``wait`` are the totals of (None: the program's own).
     tree: str | None = None
+    #: The model time the program declared it will take (0: none said).
+    declared: float = 0.0
 
     def xargs(self) -> dict[str, Any]:
         """The flat ``vllm_xargs`` the engine plugin reads."""
@@ -152,6 +162,8 @@ class SchedulingFields:
             out[XARG_THREAD] = self.thread
         if self.tree is not None and self.tree != self.program:
             out[XARG_TREE] = self.tree
+        if self.declared > 0:
+            out[XARG_DECLARED] = round(self.declared, 6)
         return out
 
 

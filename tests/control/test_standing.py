@@ -12,35 +12,32 @@ QUEUES = QueueSpec.from_config(SchedulerConfig())  # the default boundaries
 CALL_S, GAP_S, CALLS = 0.4, 0.2, 60
 
 
-def levels_one_session() -> list[int]:
-    service, levels = 0.0, []
-    for _ in range(CALLS):
-        levels.append(QUEUES.level_for(service))
-        service += CALL_S
-    return levels
+def services_one_session() -> list[float]:
+    return [i * CALL_S for i in range(CALLS)]
 
 
-def levels_cycling(standing: TenantStanding) -> list[int]:
+def services_cycling(standing: TenantStanding) -> list[float]:
     """A new session for every call: each starts at the floor and leaves with what it attained."""
-    now, levels = 0.0, []
+    now, services = 0.0, []
     for _ in range(CALLS):
         service = standing.take_floor("cycler", now)
-        levels.append(QUEUES.level_for(service))
+        services.append(service)
         now += CALL_S
         standing.program_left("cycler", service + CALL_S, now)
         now += GAP_S
-    return levels
+    return services
 
 
 def test_cycling_sessions_gains_no_queue_level() -> None:
-    one = levels_one_session()
-    assert one[-1] >= 2  # 24 s of service: well below Q1
-    cycling = levels_cycling(TenantStanding(half_life_s=60))
-    # the decay over the gaps between calls lags a crossing by a call now and then, never more than one level
-    assert all(o - 1 <= c <= o for o, c in zip(one, cycling, strict=True))
-    assert sum(c != o for o, c in zip(one, cycling, strict=True)) <= CALLS // 10
+    one = services_one_session()
+    assert QUEUES.level_for(one[-1]) >= 2  # 24 s of service: well below Q1
+    cycling = services_cycling(TenantStanding(half_life_s=60))
+    # the decay over the gaps between calls costs the cycler's floor a few per cent, never more
+    assert all(0.9 * o <= c <= o for o, c in zip(one, cycling, strict=True))
+    levels = [(QUEUES.level_for(o), QUEUES.level_for(c)) for o, c in zip(one, cycling, strict=True)]
+    assert all(o - 1 <= c <= o for o, c in levels)  # a call now and then a queue early, never more
     # without the rule (a carry that is gone at once) every call of the cycler would be in Q1
-    assert set(levels_cycling(TenantStanding(half_life_s=1e-9))) == {0}
+    assert {QUEUES.level_for(c) for c in services_cycling(TenantStanding(half_life_s=1e-9))} == {0}
 
 
 def test_honest_new_programs_start_at_zero() -> None:

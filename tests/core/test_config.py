@@ -18,7 +18,7 @@ def test_defaults_are_consistent():
         ({"policy": "sjf"}, "policy"),
         ({"boundaries": (2.0, 1.0), "quanta": (1, 1, 1)}, "strictly increasing"),
         ({"boundaries": (0.0,), "quanta": (1, 1)}, "positive"),
-        ({"quanta": (1, 2)}, "expected 11 values"),
+        ({"quanta": (1, 2)}, "expected 36 values"),
         ({"boundaries": (1, 2), "quanta": (1, 2)}, "expected 3 values"),
         ({"boundaries": (1, 2, 3, 4), "quanta": (1, 2, 0, 4, 5)}, "positive"),
         ({"beta": 0}, "beta"),

@@ -4,6 +4,7 @@ import pytest
 
 from autellix.core import SchedulerConfig
 from autellix.engine.planner import CallIdentity, CallPlanner
+from autellix.protocol import XARG_DECLARED, SchedulingFields
 
 
 def planner_with_a_typical_call_of(seconds: float) -> CallPlanner:
@@ -30,3 +31,15 @@ def test_calls_in_flight_of_one_gateway_tree_commit_it_together():
     for call_id in ("a0", "b0", "c0"):
         planner.leave(call_id, 4.0, finished=False)
     assert planner.program_view("root/a").committed == 0.0  # the round is over
+
+
+def test_the_declared_model_time_from_the_gateway_places_a_new_programs_call():
+    planner = CallPlanner(SchedulerConfig())
+    xargs = SchedulingFields(program="big", call="g1", service=0.0, wait=0.0, declared=40.0).xargs()
+    who = CallIdentity.of("r1", xargs, None)
+    assert who.declared == 40.0
+    big = planner.arrive("r1", who, 0.0)
+    small = planner.arrive("r2", CallIdentity.of("r2", SchedulingFields("small", "g2", 0.0, 0.0).xargs(), None), 0.0)
+    assert planner.program_view("big").priority == 40.0
+    assert big.level > small.level  # behind the program that said nothing and has had nothing
+    assert XARG_DECLARED not in SchedulingFields("small", "g2", 0.0, 0.0).xargs()

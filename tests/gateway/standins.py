@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,11 +33,13 @@ class StandIn:
     def __init__(self, behaviour: str, model: str = MODEL) -> None:
         self.behaviour, self.model = behaviour, model
         self.calls = 0
+        #: The JSON bodies of the calls it answered, in order.
+        self.bodies: list[Any] = []
         self.url = ""
         self._runner: web.AppRunner | None = None
 
     async def _call(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
+        self.bodies.append(json.loads(await request.read() or b"null"))
         self.calls += 1
         if self.behaviour == "drop":
             assert request.transport is not None

@@ -79,6 +79,24 @@ async def test_another_replica_takes_a_program_over_with_its_state(replicas: tup
 
 
 @pytest.mark.asyncio
+async def test_a_declared_size_reaches_the_other_replica_and_only_grows(
+        replicas: tuple[RedisProgramStore, ...]) -> None:
+    a, b = replicas
+    await a.open("sized", time.monotonic())
+    a.declare("sized", 4_000)
+    finish_call(a, "sized", "c1", 0.5)
+    await a.flush()
+    taken = await b.load("sized")
+    assert taken is not None and taken.declared_tokens == 4_000
+    b.declare("sized", 9_000)
+    a.declare("sized", 100)  # a smaller one changes nothing, here or in the store
+    await b.flush()
+    await a.flush()
+    fields = await a.redis.hgetall(a.keys.program("sized"))
+    assert float(fields["declared_tokens"]) == 9_000
+
+
+@pytest.mark.asyncio
 async def test_state_is_written_behind_on_its_own(replicas: tuple[RedisProgramStore, ...], redis_url: str) -> None:
     a, b = replicas
     assert a.flush_interval == 0.5  # every half second: within the interface's 1 s

@@ -9,7 +9,7 @@ from autellix.loadgen.stack_sweep import run_sweep
 from autellix.sim.clairvoyant import Clairvoyance
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
-from autellix.sim.sweep import CEILING, Load, check, check_table, overloaded
+from autellix.sim.sweep import CEILING, DECLARED, Load, check, check_table, overloaded
 from autellix.workloads import make_programs
 from autellix.workloads.data import workloads_available
 
@@ -45,9 +45,10 @@ def test_the_clairvoyant_order_runs_twice_and_keeps_first_come_first_served_far_
     assert means["clairvoyant"] < 0.5 * means["vllm-opt"] and means["clairvoyant"] < means["llmd-fairness"], means
 
 
-def test_real_engines_refuse_the_clairvoyant_order() -> None:
+@pytest.mark.parametrize("system", ["clairvoyant", DECLARED])
+def test_real_engines_refuse_the_systems_that_run_their_programs_twice(system: str) -> None:
     with pytest.raises(ValueError, match="simulator's alone"):
-        run_sweep("bfcl", [1.0], programs=1, seed=1, systems=["clairvoyant"])
+        run_sweep("bfcl", [1.0], programs=1, seed=1, systems=[system])
 
 
 def _summary(mean: float) -> dict[str, float]:
@@ -71,9 +72,13 @@ def test_the_check_runs_the_ceiling_at_the_overloaded_points_only(monkeypatch: p
     report = check("a100-llama3.1-8b", slots=(32,), workloads=("mixed",), seeds=(1,), jobs=1,
                    systems=("vllm-opt", "llmd-fairness", "autellix"), progress=lambda _: None)
     light, heavy = report["slots"]["32"]["mixed"]["points"]
-    assert not light["overloaded"] and CEILING not in light["results"]
-    assert heavy["overloaded"] and CEILING in heavy["results"], heavy["results"]["vllm-opt"]
-    ratio = heavy["check"]["mean_vs_clairvoyant"]
-    assert ratio == pytest.approx(heavy["results"]["autellix"]["mean_token_latency"]
-                                  / heavy["results"][CEILING]["mean_token_latency"])
-    assert "clairvoyant order's at 1 overloaded points" in "\n".join(check_table(report))
+    assert not light["overloaded"] and not {CEILING, DECLARED} & set(light["results"])
+    assert heavy["overloaded"] and {CEILING, DECLARED} <= set(heavy["results"]), heavy["results"]["vllm-opt"]
+    ceiling = heavy["results"][CEILING]["mean_token_latency"]
+    assert heavy["check"]["mean_vs_clairvoyant"] == pytest.approx(
+        heavy["results"]["autellix"]["mean_token_latency"] / ceiling)
+    assert heavy["check"]["declared_vs_clairvoyant"] == pytest.approx(
+        heavy["results"][DECLARED]["mean_token_latency"] / ceiling)
+    table = "\n".join(check_table(report))
+    assert "autellix's mean over the clairvoyant order's at 1 overloaded points" in table
+    assert f"{DECLARED}'s mean over the clairvoyant order's at 1 overloaded points" in table

@@ -142,8 +142,8 @@ def sim_sweep(
     systems: Annotated[str | None, typer.Option(
         help="check: comma-separated systems (default: autellix and the baselines it is held to)")] = None,
     ours: Annotated[str, typer.Option(help="check: the system held to the baselines")] = "autellix",
-    ceiling: Annotated[bool, typer.Option(help="check: run the clairvoyant order at each overloaded point and "
-                                               "report the held system's mean over its mean")] = True,
+    ceiling: Annotated[bool, typer.Option(help="check: run the clairvoyant order and autellix-declared at each "
+                                               "overloaded point and report their means over the ceiling's")] = True,
     workloads: Annotated[str | None, typer.Option(
         help="Comma-separated workloads (default: all five for 12 and check, sharegpt and lats for 14)")] = None,
     engines: Annotated[str, typer.Option(help="Figure 14: comma-separated engine counts")] = "1,2,4,8",

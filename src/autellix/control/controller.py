@@ -122,6 +122,8 @@ class CallSpec:
     #: The only engines that may run the call (one holds state the call needs: a stored response; a gateway's
     #: subset hint); None: any that serves the model.
     allowed_engines: Collection[str] | None = None
+    #: The tokens the call's program says it will generate in all (``autellix.control.hints``; 0: none said).
+    declared_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -242,7 +244,7 @@ class RequestController:
         if self.send_priority:
             level = self.queues.level_for(view.priority if self.policy.places_by_priority else 0.0)
         return SchedulingFields(program=program_id, call=call_id, service=view.service, wait=view.wait,
-                                thread=thread_id, level=level, tree=view.tree or None)
+                                thread=thread_id, level=level, tree=view.tree or None, declared=view.declared)
 
     # ---- one call -------------------------------------------------------------------
     async def call(self, spec: CallSpec, send: EngineCall[T]) -> T:
@@ -258,6 +260,8 @@ class RequestController:
         program_id = owner.program_id
         call_id = self.call_ids()
         start = self.clock()
+        if spec.declared_tokens:
+            self.store.declare(program_id, spec.declared_tokens)
         self.store.call_arrived(program_id, call_id, start, thread_id=owner.thread_id)
         journal = CallLog(call_id, program_id, spec.model)
         self.recent.append(journal)

@@ -38,14 +38,19 @@ def _floats(value: Any, name: str) -> tuple[float, ...]:
         raise ConfigError(f"{name}: expected a list of numbers, got {value!r}") from exc
 
 
+#: The default queue boundaries: 0.1 s, then three per doubling up to 258 s (four significant digits).
+DEFAULT_BOUNDARIES: tuple[float, ...] = tuple(float(f"{0.1 * 2 ** (i / 3):.4g}") for i in range(35))
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Policy, queues, anti-starvation and load-balancing parameters.
 
     Defaults (the paper publishes none; docs/scheduling.md gives the reasoning
-    and the simulator sweep that chose them): eleven queues split at 0.5, 1,
-    2, ..., 256 seconds of attained service (x2 apart, so programs that differ
-    two-fold in service are told apart across three orders of magnitude),
+    and the simulator sweeps that chose them): 36 queues split at 0.1 s of
+    attained service and then three per doubling up to 258 s (``DEFAULT_BOUNDARIES``,
+    2^(1/3) = 1.26x apart, so programs whose service or declared size differ by a
+    quarter are told apart across more than three orders of magnitude),
     unbounded quanta (a call is never demoted while it runs: demotion made
     the engine preempt calls that a newcomer gains little from), beta = 4 and
     a backlog factor of 3.
@@ -53,11 +58,11 @@ class SchedulerConfig:
 
     policy: str = "atlas"
     #: Lower bounds of Q2..QK in service units; Q1 starts at 0, QK ends at inf.
-    boundaries: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+    boundaries: tuple[float, ...] = DEFAULT_BOUNDARIES
     #: Steps a call may run in each queue before it is demoted; one per queue.
     #: All unbounded (the default: a call keeps its queue until it finishes)
     #: fits any number of queues, so boundaries alone may be changed.
-    quanta: tuple[float, ...] = (math.inf,) * 11
+    quanta: tuple[float, ...] = (math.inf,) * (len(DEFAULT_BOUNDARIES) + 1)
     #: Promote a call to Q1 when (program wait + call wait) /
     #: (program service + call model time) reaches the starvation bound: beta,
     #: or the backlog's own ratio when that is higher (``mlq.backlog_ratio``).

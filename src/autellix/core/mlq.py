@@ -88,8 +88,11 @@ class ProgramView(NamedTuple):
     #: ``backlog_ratio`` counts them once. Empty: the call's own program.
     tree: str = ""
     #: Service its calls in flight beside the first have committed it to, not yet attained
-    #: (``ProcessTable.view``): part of its priority and of its anti-starvation denominator.
+    #: (``ProcessTable.view``), or that it declared beyond: part of its priority and of its
+    #: anti-starvation denominator.
     committed: float = 0.0
+    #: The service its program declared it will take (``ProcessTable.declared``; 0: none said).
+    declared: float = 0.0
 
     @property
     def charged(self) -> float:

@@ -99,6 +99,10 @@ class ProgramEntry:
     #: On a tree's root: the highest priority it has had since it last had no call in
     #: flight (``ProcessTable.view``), 0 while it has none.
     round_priority: float = 0.0
+    #: The tokens the program said it will generate in all (a client's hint; 0: none said), and the
+    #: same as model time where only that travelled (an engine's table: ``ProcessTable.declared``).
+    declared_tokens: int = 0
+    declared_service: float = 0.0
 
     @property
     def last_activity(self) -> float:
@@ -131,6 +135,7 @@ class ProgramEntry:
             "parent": self.parent,
             "root": self.root,
             "subagents": sorted(self.members),
+            "declared_tokens": self.declared_tokens,
             "tree": {"service": self.tree_service, "waiting": self.tree_waiting,
                      "critical_path": max(self.tree_path, self.critical_path)},
         }
@@ -155,6 +160,10 @@ class ProcessTable:
         #: A typical call's model time: the moving average of finished calls' (0 before the first).
         self.call_time = 0.0
         self._calls_timed = 0
+        #: Model time per generated token, over about the last ``CALL_TIME_WINDOW`` calls that generated
+        #: any: what a program's declared tokens come to (``declared``).
+        self._recent_model_time = 0.0
+        self._recent_tokens = 0.0
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -230,15 +239,51 @@ class ProcessTable:
 
     def view(self, program_id: str) -> ProgramView:
         """What the multi-level queue reads for placement and anti-starvation: the tree's totals,
-        and the service its calls in flight have committed it to (``committed``)."""
+        the service its calls in flight have committed it to, and the service its root declared
+        (``declared``), each a floor under its priority (``committed``: what the priority has over
+        the service)."""
         root = self.tree_root(self[program_id])
         in_flight = self.in_flight(root)
         service = root.tree_service
         priority = service + self._commitment(in_flight)
         if in_flight and root.round_priority > priority:
             priority = root.round_priority
+        declared = self.declared(root)
+        if declared > priority:
+            priority = declared
         return ProgramView(priority=priority, wait=root.tree_waiting, service=service,
-                           tree=root.program_id, committed=priority - service)
+                           tree=root.program_id, committed=priority - service, declared=declared)
+
+    # ---- declared sizes ---------------------------------------------------
+    @property
+    def seconds_per_token(self) -> float:
+        """Model time per generated token of recent calls (0 before the first call that generated one)."""
+        return self._recent_model_time / self._recent_tokens if self._recent_tokens else 0.0
+
+    def declare(self, program_id: str, tokens: int) -> ProgramEntry:
+        """The program says it will generate ``tokens`` in all (its whole tree, when it is a root). A
+        declaration only ever grows: a program cannot take back what it said."""
+        if tokens < 0:
+            raise ValueError("declared tokens must be >= 0")
+        entry = self[program_id]
+        entry.declared_tokens = max(entry.declared_tokens, tokens)
+        return entry
+
+    def declared(self, root: ProgramEntry) -> float:
+        """The service ``root``'s tree declared: its declared tokens at the recent model time per token,
+        or the model time that travelled with its calls (an engine's table, which counts no tokens).
+
+        A program ranks at the larger of what it attained and what it declared
+        (``view``), so a declaration can only place it later: a program that
+        declares too little ranks as if it had declared nothing as soon as its
+        attained service passes the declaration, and never ahead of that; one
+        that declares what it will take ranks, from its first call, where the
+        clairvoyant order would put it among programs that declared. Small
+        programs gain by others' declarations, so clients of one tenant gain by
+        declaring together."""
+        if root.declared_tokens:
+            return root.declared_tokens * self.seconds_per_token
+        return root.declared_service
 
     def in_flight(self, root: ProgramEntry) -> int:
         """Calls in flight across the tree of ``root``: its own and its live members'. An
@@ -307,7 +352,7 @@ class ProcessTable:
         entry = self[program_id]
         call = self._active(entry, call_id)
         del entry.active[call_id]
-        self._time_call(model_time)
+        self._time_call(model_time, completion_tokens)
         before = entry.service
         entry.service = self.policy.attained_service(entry.service, call.inherited, model_time)
         entry.critical_path = max(entry.critical_path, call.inherited_path + model_time)
@@ -324,12 +369,17 @@ class ProcessTable:
         self._hold_round(entry)
         return entry
 
-    def _time_call(self, model_time: float) -> None:
+    def _time_call(self, model_time: float, tokens: int) -> None:
         """``call_time``: the mean of the first calls, then an exponential average over about
-        the last ``CALL_TIME_WINDOW`` calls, so it follows the mix as it changes."""
+        the last ``CALL_TIME_WINDOW`` calls, so it follows the mix as it changes; the same
+        for model time and tokens of calls that generated tokens (``seconds_per_token``)."""
         self._calls_timed += 1
         weight = 1.0 / min(self._calls_timed, CALL_TIME_WINDOW)
         self.call_time += weight * (model_time - self.call_time)
+        if tokens > 0:
+            decay = 1.0 - 1.0 / CALL_TIME_WINDOW
+            self._recent_model_time = decay * self._recent_model_time + model_time
+            self._recent_tokens = decay * self._recent_tokens + tokens
 
     def call_aborted(self, program_id: str, call_id: str, now: float, *, wait: float = 0.0) -> ProgramEntry:
         """The call left without a result: its queueing counts, no service is earned."""

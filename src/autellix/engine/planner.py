@@ -27,7 +27,16 @@ from autellix.core.mlq import ProgramView, QueuedCall
 from autellix.core.policies.base import Policy
 from autellix.core.preemption import PreemptionRule, SlotTurnover, preemption_victims
 from autellix.core.process_table import ProgramEntry
-from autellix.protocol import XARG_CALL, XARG_PROGRAM, XARG_SERVICE, XARG_THREAD, XARG_TREE, XARG_WAIT, CallRecord
+from autellix.protocol import (
+    XARG_CALL,
+    XARG_DECLARED,
+    XARG_PROGRAM,
+    XARG_SERVICE,
+    XARG_THREAD,
+    XARG_TREE,
+    XARG_WAIT,
+    CallRecord,
+)
 
 #: How often the planner sweeps every queued call for anti-starvation promotion
 #: and re-placement. Demotion is checked every planning step (only calls that
@@ -57,6 +66,11 @@ class CallIdentity:
     tree: str | None = None
     #: False when the request is a program of its own (no program id, no session): it never comes back.
     named: bool = True
+    #: The model time the program declared it will take (``XARG_DECLARED``).
+    declared: float | None = None
+    #: A rank set from outside the policy, in place of ``service``: the program's place in the queues
+    #: is its latest call's, which may fall (the simulator's ``ProgramRanks``; no gateway sends one).
+    rank: float | None = None
 
     @classmethod
     def of(cls, request_id: str, extra_args: Mapping[str, Any] | None, session_id: str | None) -> CallIdentity:
@@ -74,6 +88,7 @@ class CallIdentity:
             service=_number(extra.get(XARG_SERVICE)),
             wait=_number(extra.get(XARG_WAIT)),
             tree=_text(extra.get(XARG_TREE)),
+            declared=_number(extra.get(XARG_DECLARED)),
         )
 
 
@@ -169,10 +184,14 @@ class CallPlanner:
         entry = self.table.get(who.program_id) or self.table.start(who.program_id, now)
         # The gateway's numbers cover every engine; ours cover calls that finished
         # here since. Both only grow, so the larger is the fresher.
-        if who.service is not None:
+        if who.rank is not None:
+            entry.service = who.rank
+        elif who.service is not None:
             entry.service = max(entry.service, who.service)
         if who.wait is not None:
             entry.waiting = max(entry.waiting, who.wait)
+        if who.declared is not None:  # the gateway's reckoning, in model time: the latest is the freshest
+            entry.declared_service = who.declared
         if who.tree is not None:  # before the call counts in its tree's calls in flight
             self.table.join(who.program_id, who.tree)
         self.table.call_arrived(who.program_id, call_id, now, thread_id=who.thread_id)

@@ -19,7 +19,7 @@ import orjson
 from autellix.epp.exchange import RequestHead
 from autellix.gateway.errors import bad_request
 from autellix.gateway.parts import Gateway
-from autellix.gateway.validation import session_fields
+from autellix.gateway.validation import SessionFields, session_fields
 from autellix.gateway.views import session_view
 from autellix.protocol import READY_PATH, SESSION_OBJECT, SESSIONS_PATH, APIError
 
@@ -31,10 +31,10 @@ def is_own_route(path: str) -> bool:
     return path in (SESSIONS_PATH, READY_PATH) or path.startswith(SESSIONS_PATH + "/")
 
 
-def _session_fields(body: bytes | None) -> tuple[str | None, int]:
+def _session_fields(body: bytes | None) -> SessionFields:
     """``POST /v1/sessions``'s body (``autellix.gateway.validation.session_fields``), empty or JSON."""
     if not body or not body.strip():
-        return None, 0
+        return SessionFields()
     try:
         return session_fields(orjson.loads(body))
     except orjson.JSONDecodeError as exc:
@@ -53,7 +53,7 @@ async def answer(gateway: Gateway, head: RequestHead, body: bytes | None, tenant
     if head.path == SESSIONS_PATH:
         if head.method != "POST":
             raise APIError(405, f"{head.method} is not allowed on {SESSIONS_PATH}.", code="method_not_allowed")
-        entry = await gateway.open_session(tenant, *_session_fields(body))
+        entry = await gateway.open_session(tenant, _session_fields(body))
         return 201, {"id": entry.program_id, "object": SESSION_OBJECT, "parent": entry.parent}
     session_id = unquote(head.path[len(SESSIONS_PATH) + 1:])
     if not session_id or "/" in session_id:

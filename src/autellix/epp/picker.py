@@ -35,6 +35,7 @@ import orjson
 
 from autellix.backends import CallOutcome
 from autellix.control import Attempt, CallSpec
+from autellix.control.size_hints import declared_tokens
 from autellix.core import NoEngine
 from autellix.core.balancers.base import least_used_engine
 from autellix.epp import own_routes
@@ -184,6 +185,7 @@ class Picker:
         model = checked["model"]
         calls.check_model(model)
         allowed = self._allowed(head)
+        declared = declared_tokens(head.headers, checked)
         ticket = await calls.slots.admit(tenant)  # a 429 here changes nothing
         held_since = time.monotonic()
         relay = _CallRelay(self, leg, dialect, checked, allowed, received)
@@ -194,7 +196,8 @@ class Picker:
                 stream = bool(checked.get("stream"))
                 spec = CallSpec(path=dialect.engine_path, body=checked, model=model, owner=owner, stream=stream,
                                 prompt_tokens=await calls.prompt_tokens(dialect, checked), received=received,
-                                stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed)
+                                stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed,
+                                declared_tokens=declared)
                 relay.prompt_tokens = spec.prompt_tokens
                 await gateway.controller.call(spec, relay.send)
         except TimeoutError:

@@ -32,7 +32,7 @@ from autellix.gateway.bodies import json_answer, read_json
 from autellix.gateway.errors import APIError, GatewayRunner, bad_request, error_response, from_http_exception
 from autellix.gateway.openapi import OPENAPI_PATH, admin_document
 from autellix.gateway.parts import Gateway
-from autellix.gateway.validation import session_fields
+from autellix.gateway.validation import SessionFields, session_fields
 from autellix.gateway.views import engine_label, session_view
 from autellix.protocol import (
     ADMIN_ADMISSION_PATH,
@@ -42,6 +42,7 @@ from autellix.protocol import (
     ADMIN_SESSION_ROUTE,
     ADMIN_SESSIONS_PATH,
     ADMIN_UNDRAIN_PATH,
+    EXPECTED_TOKENS_FIELD,
     SESSION_OBJECT,
 )
 
@@ -102,25 +103,25 @@ def _drain_handler(draining: bool) -> Handler:
     return handler
 
 
-def _session_body(body: Any) -> tuple[str | None, str | None, int]:
-    """``{"tenant": NAME|null, "parent": ID|null, "priority": N}``: the session's tenant, its parent session and
-    its priority class (each optional)."""
-    if not isinstance(body, dict) or set(body) - {"tenant", "parent", "priority"}:
+def _session_body(body: Any) -> tuple[str | None, SessionFields]:
+    """``{"tenant": NAME|null, "parent": ID|null, "priority": N, "expected_tokens": N}``: the session's tenant
+    and what ``POST /v1/sessions`` takes (each optional)."""
+    if not isinstance(body, dict) or set(body) - {"tenant", "parent", "priority", EXPECTED_TOKENS_FIELD}:
         raise bad_request('The body must be {"tenant": "<tenant name>", "parent": "<session id>", "priority": '
-                          '<integer>} (each optional).', param="tenant")
-    parent, priority = session_fields(body, also=frozenset({"tenant"}))
+                          '<integer>, "expected_tokens": <integer>} (each optional).', param="tenant")
+    fields = session_fields(body, also=frozenset({"tenant"}))
     tenant = body.get("tenant")
     if tenant is not None and (not isinstance(tenant, str) or not TENANT_NAME.match(tenant)):
         raise bad_request(f"'tenant' must match {TENANT_NAME.pattern} or be null.", param="tenant")
-    return tenant, parent, priority
+    return tenant, fields
 
 
 async def open_session(request: web.Request) -> web.Response:
     """A session owned by the tenant named in the body (the key its Job calls with), maybe a subagent."""
     gateway = request.app[ADMIN_GATEWAY]
-    tenant, parent, priority = _session_body(await read_json(request) if request.can_read_body else {})
+    tenant, fields = _session_body(await read_json(request) if request.can_read_body else {})
     # the tenant's session bound holds for the operator too
-    entry = await gateway.open_session(tenant, parent, priority)
+    entry = await gateway.open_session(tenant, fields)
     return json_answer({"id": entry.program_id, "object": SESSION_OBJECT, "tenant": tenant, "parent": entry.parent},
                        status=201)
 

@@ -24,6 +24,7 @@ from autellix.backends import CallOutcome, EngineBackend
 from autellix.control import Attempt, CallSpec, RequestController
 from autellix.control.limits import TenantLimiter, Ticket
 from autellix.control.sessions import CallOwner
+from autellix.control.size_hints import declared_tokens
 from autellix.gateway.config import GatewayConfig
 from autellix.gateway.dialects import Dialect
 from autellix.gateway.engine_http import EngineHttp
@@ -130,6 +131,7 @@ class CallPath:
         """The call, start to end: its answer to the client (``APIError`` before anything changed)."""
         model = body["model"]
         self.check_model(model)
+        declared = declared_tokens(request.headers, body)
         ticket = await self.slots.admit(tenant)  # a 429 here changes nothing
         held_since, used = time.monotonic(), _Usage()
         try:
@@ -137,7 +139,8 @@ class CallPath:
             stream = bool(body.get("stream"))
             spec = CallSpec(path=dialect.engine_path, body=body, model=model, owner=owner, stream=stream,
                             prompt_tokens=await self.prompt_tokens(dialect, body), received=received,
-                            stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed_engines)
+                            stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed_engines,
+                            declared_tokens=declared)
             used.prompt = spec.prompt_tokens
 
             async def send(attempt: Attempt[Any]) -> web.StreamResponse:

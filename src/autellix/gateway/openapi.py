@@ -42,8 +42,10 @@ SESSION_CREATED = {
 }
 PRIORITY_CLASS = {"type": ["integer", "null"], "minimum": -wire.MAX_PRIORITY_CLASS,
                   "maximum": wire.MAX_PRIORITY_CLASS}
+EXPECTED_TOKENS = {"type": ["integer", "null"], "minimum": 1, "maximum": wire.MAX_EXPECTED_TOKENS}
 PARENT_BODY = {"type": "object", "additionalProperties": False,
-               "properties": {"parent": {"type": ["string", "null"], "minLength": 1}, "priority": PRIORITY_CLASS}}
+               "properties": {"parent": {"type": ["string", "null"], "minLength": 1}, "priority": PRIORITY_CLASS,
+                              wire.EXPECTED_TOKENS_FIELD: EXPECTED_TOKENS}}
 SESSION_VIEW = {
     "type": "object", "required": ["object", "service", "waiting", "calls_done", "calls_active"],
     "properties": {"object": {"const": wire.SESSION_OBJECT}, "service": {"type": "number", "minimum": 0},
@@ -93,7 +95,8 @@ URL_BODY = {"type": "object", "required": ["url"], "additionalProperties": False
             "properties": {"url": {"type": "string", "minLength": 1}}}
 TENANT_BODY = {"type": "object", "additionalProperties": False,
                "properties": {"tenant": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"},
-                              "parent": {"type": ["string", "null"], "minLength": 1}, "priority": PRIORITY_CLASS}}
+                              "parent": {"type": ["string", "null"], "minLength": 1}, "priority": PRIORITY_CLASS,
+                              wire.EXPECTED_TOKENS_FIELD: EXPECTED_TOKENS}}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -120,6 +123,8 @@ def _call_route(schema: dict[str, Any], summary: str, *, errors: str = "Error") 
                             *wire.IMPLICIT_SESSION_HEADERS)]
     headers.append({"name": wire.PRIORITY_HEADER, "in": "header", "required": False,
                     "schema": {"type": "string", "pattern": r"^-?[0-9]{1,7}$"}})
+    headers.append({"name": wire.EXPECTED_TOKENS_HEADER, "in": "header", "required": False,
+                    "schema": {"type": "string", "pattern": r"^[1-9][0-9]{0,8}$"}})
     return {"post": {"summary": summary, "parameters": headers,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
                      "responses": {"200": {"description": "the engine's answer (JSON, or SSE when streamed)",

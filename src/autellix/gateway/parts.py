@@ -26,6 +26,7 @@ from autellix.gateway.call_path import CallPath
 from autellix.gateway.config import GatewayConfig
 from autellix.gateway.engines import EnginePool
 from autellix.gateway.metrics import GatewayMetrics
+from autellix.gateway.validation import SessionFields
 from autellix.protocol import APIError
 
 log = logging.getLogger("autellix.gateway")
@@ -92,14 +93,16 @@ class Gateway:
     def admin_url(self) -> str | None:
         return self.admin.url
 
-    async def open_session(self, tenant: str | None, parent: str | None, priority: int = 0) -> ProgramEntry:
-        """A session of ``tenant`` (a subagent of its session ``parent``, if named): every check first
+    async def open_session(self, tenant: str | None, fields: SessionFields) -> ProgramEntry:
+        """A session of ``tenant`` (a subagent of its session ``fields.parent``, if named): every check first
         (the parent is the tenant's and live: 404; the tenant's session bound: 429), then admission (a new
         program may wait while the engines are saturated, or get a 429), then the change."""
         now = time.monotonic()
-        parent_id = await self.sessions.parent_of_new_session(parent, tenant)
+        parent_id = await self.sessions.parent_of_new_session(fields.parent, tenant)
         self.limiter.check_session(tenant, now)
-        entry = await self.sessions.open(now, tenant, parent=parent_id, priority=priority)
+        entry = await self.sessions.open(now, tenant, parent=parent_id, priority=fields.priority)
+        if fields.expected_tokens:
+            self.store.programs.declare(entry.program_id, fields.expected_tokens)
         self.limiter.session_opened(tenant, entry.program_id, now)
         return entry
 

@@ -86,11 +86,11 @@ def _tenant_view(gateway: Gateway, program_id: str) -> dict[str, object]:
 
 
 async def open_session(request: web.Request) -> web.Response:
-    """``POST /v1/sessions``, with an optional ``{"parent": ID}`` (a subagent of the caller's session ID) and
-    ``{"priority": N}`` (its class for admission under overload)."""
+    """``POST /v1/sessions``, with an optional ``{"parent": ID}`` (a subagent of the caller's session ID),
+    ``{"priority": N}`` (its class for admission under overload) and ``{"expected_tokens": N}`` (its size)."""
     gateway, tenant = caller(request)
-    parent, priority = session_fields(await read_json(request) if request.can_read_body else {})
-    entry = await gateway.open_session(tenant, parent, priority)
+    entry = await gateway.open_session(tenant, session_fields(await read_json(request) if request.can_read_body
+                                                              else {}))
     return json_answer({"id": entry.program_id, "object": SESSION_OBJECT, "parent": entry.parent}, status=201)
 
 

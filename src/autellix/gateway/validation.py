@@ -3,10 +3,12 @@ request gets a 400 naming the parameter (in the shape of the API its route speak
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from autellix.control.sessions import priority_class
+from autellix.control.size_hints import expected_tokens
 from autellix.gateway.errors import bad_request
+from autellix.protocol import EXPECTED_TOKENS_FIELD
 
 #: The roles OpenAI's chat API accepts; any other is a 400, as OpenAI answers.
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -164,14 +166,26 @@ def _check_bound(body: dict[str, Any], name: str, cap: int) -> None:
         raise bad_request(f"'{name}' must be an integer from 1 to {cap}.", param=name)
 
 
-def session_fields(body: Any, *, also: frozenset[str] = frozenset()) -> tuple[str | None, int]:
-    """``POST /v1/sessions``'s body: empty (``{}``), or any of ``{"parent": "<session id>", "priority": N}``
-    (and the fields ``also`` names, which the caller reads): (the parent, the priority class, 0 unless said)."""
-    if not isinstance(body, dict) or set(body) - {"parent", "priority"} - also:
-        raise bad_request('The body must be empty or {"parent": "<session id>", "priority": <integer>} (both '
-                          'optional).', param="parent")
+class SessionFields(NamedTuple):
+    """What ``POST /v1/sessions`` says of the new program."""
+
+    parent: str | None = None
+    #: Its priority class for admission (0 unless said).
+    priority: int = 0
+    #: The tokens it expects to generate in all (0 unless said: ``autellix.control.size_hints``).
+    expected_tokens: int = 0
+
+
+def session_fields(body: Any, *, also: frozenset[str] = frozenset()) -> SessionFields:
+    """``POST /v1/sessions``'s body: empty (``{}``), or any of ``{"parent": "<session id>", "priority": N,
+    "expected_tokens": N}`` (and the fields ``also`` names, which the caller reads)."""
+    if not isinstance(body, dict) or set(body) - {"parent", "priority", EXPECTED_TOKENS_FIELD} - also:
+        raise bad_request('The body must be empty or {"parent": "<session id>", "priority": <integer>, '
+                          '"expected_tokens": <integer>} (each optional).', param="parent")
     parent = body.get("parent")
     if parent is not None and (not isinstance(parent, str) or not parent):
         raise bad_request("'parent' must be a session id (a non-empty string) or null.", param="parent")
     priority = body.get("priority")
-    return parent, 0 if priority is None else priority_class(priority, "priority")
+    expected = body.get(EXPECTED_TOKENS_FIELD)
+    return SessionFields(parent, 0 if priority is None else priority_class(priority, "priority"),
+                         0 if expected is None else expected_tokens(expected, EXPECTED_TOKENS_FIELD))

@@ -231,7 +231,7 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
     unknown = [s for s in systems if s not in REAL_SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown} on real engines; expected some of {', '.join(REAL_SYSTEMS)}"
-                         " (the clairvoyant order is the simulator's alone)")
+                         " (the clairvoyant order and autellix-declared are the simulator's alone)")
     if rounds < 1:
         raise ValueError(f"rounds: expected at least 1, got {rounds}")
     if len(set(systems)) != len(systems):

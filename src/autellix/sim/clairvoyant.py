@@ -17,6 +17,7 @@ program's calls carried, so each program keeps the rank of its first call: its w
 from __future__ import annotations
 
 import math
+import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ class Clairvoyance:
     (``autellix.sim.serving.ProgramRanks``)."""
 
     learning: bool = True
+    #: The engine keeps the first call's rank: the program's whole size (``ProgramRanks.latest``).
+    latest: bool = False
     model_time: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     served: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -55,6 +58,13 @@ class Clairvoyance:
 
     def ended(self, program_id: str) -> None:
         """Nothing to do: what a program did is kept for the pass after."""
+
+    def declarations(self, error: float, seed: int) -> dict[str, int]:
+        """The tokens each program would declare if it knew its size within a log-normal factor of ``error``
+        (its sigma; 0: exactly), drawn per program from ``seed``."""
+        rng = random.Random(seed)
+        return {key: max(1, round(self.tokens[key] * math.exp(rng.gauss(0.0, error))))
+                for key in sorted(self.tokens)}
 
     def rank(self, program_id: str) -> float:
         """The service a call of ``program_id`` carries in pass two (lower runs first): its program's

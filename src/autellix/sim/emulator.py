@@ -55,6 +55,7 @@ from autellix.protocol import (
     FEEDBACK_INFO_PATH,
     RECORD_HEADER,
     XARG_CALL,
+    XARG_DECLARED,
     XARG_PROGRAM,
     XARG_SERVICE,
     XARG_THREAD,
@@ -318,7 +319,8 @@ class EmulatedEngine:
             request_id=f"emu-{uuid.uuid4().hex}", prompt=prompt, max_tokens=max_tokens,
             program_id=_text(xargs.get(XARG_PROGRAM)), thread_id=_text(xargs.get(XARG_THREAD)), priority=priority,
             service=service / scale if isinstance(service, int | float) else None,
-            wait=wait / scale if isinstance(wait, int | float) else None, tree=_text(xargs.get(XARG_TREE)))
+            wait=wait / scale if isinstance(wait, int | float) else None, tree=_text(xargs.get(XARG_TREE)),
+            declared=declared / scale if isinstance(declared := xargs.get(XARG_DECLARED), int | float) else None)
         call = Call(request, time.monotonic(), _text(xargs.get(XARG_CALL)))
         self.calls[request.request_id] = call
         self.model.add(request, self.now())

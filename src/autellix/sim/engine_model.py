@@ -129,7 +129,8 @@ class EngineModel:
         self.retention.arrived(seq, now)
         if self.planner is not None:
             who = CallIdentity(program_id=seq.program, thread_id=request.thread_id, service=request.service,
-                               wait=request.wait, tree=request.tree)
+                               wait=request.wait, tree=request.tree, rank=request.rank,
+                               declared=request.declared)
             seq.priority = self.planner.arrive(request.request_id, who, now).rank
         elif not self.priority_order:
             seq.priority = 0

@@ -29,6 +29,11 @@ class SimRequest:
     service: float | None = None
     wait: float | None = None
     tree: str | None = None
+    #: The model time the program declared it will take (``XARG_DECLARED``).
+    declared: float | None = None
+    #: A rank set from outside the policy (``autellix.sim.serving.ProgramRanks`` whose ``latest`` is
+    #: True): the program's place in the queues is its latest call's, which may fall.
+    rank: float | None = None
     #: The tokens it will generate, when the caller knows them (the simulator's
     #: replies): their blocks become shareable with later calls that repeat them.
     output: Sequence[int] | None = None

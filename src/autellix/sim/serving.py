@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +27,15 @@ from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, R
 from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
 from autellix.core.engine_load import EngineLoad
 from autellix.engine.tiny_model import render_chat
-from autellix.protocol import CHAT_COMPLETIONS_PATH, PRIORITY_FIELD, XARG_SERVICE, XARG_TREE, XARG_WAIT, XARGS_FIELD
+from autellix.protocol import (
+    CHAT_COMPLETIONS_PATH,
+    PRIORITY_FIELD,
+    XARG_DECLARED,
+    XARG_SERVICE,
+    XARG_TREE,
+    XARG_WAIT,
+    XARGS_FIELD,
+)
 from autellix.sim.clairvoyant import CLAIRVOYANT_LEVELS, LEARNING_SYSTEM, Clairvoyance
 from autellix.sim.engine_model import EngineModel
 from autellix.sim.engine_profile import EngineProfile
@@ -201,6 +209,9 @@ class ProgramRanks(Protocol):
 
     #: While True the ranks are only told outcomes; calls carry their programs' service.
     learning: bool
+    #: True: a program's place is its latest call's rank, which may fall; False: the engine keeps the
+    #: largest rank its calls carried, as it keeps the largest service.
+    latest: bool
 
     def finished(self, program_id: str, model_time: float, output_tokens: int) -> None:
         """A call of ``program_id`` finished."""
@@ -268,11 +279,15 @@ class SimGateway:
             if not gateway and self.system.client_priority:
                 priority = client_priority(generated)
             service, tree = (xargs[XARG_SERVICE], xargs.get(XARG_TREE)) if gateway else (None, None)
+            rank = None
             if self.ranks is not None and not self.ranks.learning:
                 service, tree = self.ranks.rank(program_id), None
+                if self.ranks.latest:
+                    rank = service
             request = SimRequest(attempt.call_id, prompt, max_tokens, program_id=program_id if gateway else None,
                                  thread_id=thread, priority=priority, service=service,
-                                 wait=xargs[XARG_WAIT] if gateway else None, tree=tree, output=output)
+                                 wait=xargs[XARG_WAIT] if gateway else None, tree=tree, rank=rank,
+                                 declared=xargs.get(XARG_DECLARED) if gateway else None, output=output)
             engine = self.engines[attempt.engine]
             if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
                 await asyncio.sleep(engine.model.profile.call_overhead)
@@ -366,12 +381,16 @@ class SimLLM:
 
 def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System | str,
                       rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None,
-                      link_subagents: bool = True, ranks: ProgramRanks | None = None) -> SimRun:
+                      link_subagents: bool = True, ranks: ProgramRanks | None = None,
+                      declared: Mapping[str, int] | None = None) -> SimRun:
     """Run ``programs`` with Poisson arrivals at ``rate`` against ``engines``
     modelled engines of ``profile`` serving ``system``; deterministic in ``seed``. ``link_subagents``: the
     programs' subagents are opened as such (off: as unrelated programs). The ``clairvoyant`` system runs the
-    programs twice (``autellix.sim.clairvoyant``): the second run is its result. ``ranks``: an order of
-    programs set from outside the policy (``ProgramRanks``), for experiments."""
+    programs twice (``autellix.sim.clairvoyant``): the second run is its result; so does a system whose
+    programs declare their sizes (``System.declared_error``: the first run says what they generate).
+    ``ranks``: an order of programs set from outside the policy (``ProgramRanks``), for experiments;
+    ``declared``: the tokens each program (by id) says at its opening it will generate in all
+    (``POST /v1/sessions``' ``expected_tokens``), for experiments."""
     if isinstance(system, str):
         if system not in SYSTEMS:
             raise ValueError(f"unknown system {system!r}; expected one of {', '.join(SYSTEMS)}")
@@ -379,15 +398,20 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     if engines < 1:
         raise ValueError(f"engines must be >= 1, got {engines}")
     config = config or SchedulerConfig()
-    if not system.clairvoyant:
+    if not system.two_pass:
         return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
-                         config=config, link_subagents=link_subagents, ranks=ranks)
-    if ranks is not None:
-        raise ValueError("the clairvoyant system ranks programs itself: no ranks to give it")
+                         config=config, link_subagents=link_subagents, ranks=ranks, declared=declared)
+    if ranks is not None or declared is not None:
+        raise ValueError(f"the {system.name} system learns what its programs will do itself: no ranks or "
+                         "declarations to give it")
     seen = Clairvoyance()
     _simulate(programs, profile=profile, system=SYSTEMS[LEARNING_SYSTEM], rate=rate, seed=seed, engines=engines,
               config=config, link_subagents=link_subagents, ranks=seen)
     seen.learning = False
+    if system.declared_error is not None:
+        return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
+                         config=config, link_subagents=link_subagents,
+                         declared=seen.declarations(system.declared_error, seed))
     return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
                      config=config.with_overrides(boundaries=CLAIRVOYANT_LEVELS.boundaries,
                                                   quanta=CLAIRVOYANT_LEVELS.quanta, beta=CLAIRVOYANT_LEVELS.beta),
@@ -396,7 +420,7 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
 
 def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System, rate: float, seed: int,
               engines: int, config: SchedulerConfig, link_subagents: bool,
-              ranks: ProgramRanks | None = None) -> SimRun:
+              ranks: ProgramRanks | None = None, declared: Mapping[str, int] | None = None) -> SimRun:
     """One run of ``simulate_programs``."""
     if system.policy is not None and system.engine_scheduler == "autellix":
         config = config.with_overrides(policy=system.policy)
@@ -419,6 +443,8 @@ def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, syste
             if gateway.admission is not None:  # its time waiting to be admitted counts in its latency
                 await gateway.admission.enter(program.program_id)
             await gateway.store.open(program.program_id, loop.time())
+            if declared is not None and declared.get(program.program_id):
+                gateway.store.declare(program.program_id, declared[program.program_id])
             llm = SimLLM(gateway, stat, calls)
             try:
                 await program.run(llm)

@@ -19,7 +19,9 @@ the best baseline's (vllm-opt, plas, client-plas and the llm-d rule,
 ``llmd-fairness``; ``check_point``). At each overloaded point (vllm-opt at
 ``OVERLOAD_FACTOR`` x or more its latency at the lowest rate) the clairvoyant
 order runs too (``autellix.sim.clairvoyant``), and autellix's mean over its
-mean says how far autellix is from what any order of programs can reach.
+mean says how far autellix is from what any order of programs can reach; so
+does ``autellix-declared``, autellix with every program declaring its size
+(``autellix.control.size_hints``): how far declared sizes take it.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ CHECK_RIVALS = ("vllm-opt", "plas", "client-plas", "llmd-fairness")
 CEILING = "clairvoyant"
 #: The target: autellix's mean at most this times the clairvoyant order's at every overloaded point.
 CEILING_FACTOR = 1.1
+#: autellix with every program declaring its size, held to the ceiling beside it at the overloaded points.
+DECLARED = "autellix-declared"
+#: The systems run only at the overloaded points.
+OVERLOADED_ONLY = (CEILING, DECLARED)
 #: A point is overloaded where vllm-opt's mean is at least this many times its mean at the lowest rate.
 OVERLOAD_FACTOR = 3.0
 
@@ -139,7 +145,10 @@ def check_point(by_system: dict[str, dict[str, Any]], ours: str = "autellix") ->
             out[f"{label}_vs_{name.replace('-', '_')}"] = mine[metric] / by_system[name][metric]
     out["passed"] = out["mean_ok"] and out["p99_ok"]
     if CEILING in by_system:
-        out["mean_vs_clairvoyant"] = mine["mean_token_latency"] / by_system[CEILING]["mean_token_latency"]
+        ceiling = by_system[CEILING]["mean_token_latency"]
+        out["mean_vs_clairvoyant"] = mine["mean_token_latency"] / ceiling
+        if DECLARED in by_system:
+            out["declared_vs_clairvoyant"] = by_system[DECLARED]["mean_token_latency"] / ceiling
     return out
 
 
@@ -161,7 +170,7 @@ def check(profile_name: str, *, slots: Sequence[int] = (32, 256), workloads: Seq
     """Every workload (default: all of ``CHECK_LOADS``), slot count, seed and rate
     of ``CHECK_LOADS``, every system, on ``jobs`` processes; each point checked
     by ``check_point`` with ``ours`` held to the baselines; with ``ceiling``, the
-    clairvoyant order run at each overloaded point (``overloaded``) as well."""
+    clairvoyant order and ``DECLARED`` run at each overloaded point (``overloaded``) as well."""
     workloads = list(workloads or CHECK_LOADS[slots[0]])
     tasks = [(profile_name, w, n, rate, i, system, seed) for n in slots for w in workloads for seed in seeds
              for i, rate in enumerate(CHECK_LOADS[n][w].rates) for system in systems]
@@ -180,9 +189,10 @@ def check(profile_name: str, *, slots: Sequence[int] = (32, 256), workloads: Seq
     run(tasks, len(tasks))
     if ceiling and ours in systems:
         # only where it says something: under light load every order is the same
-        ceiling_tasks = [(profile_name, w, n, rate, i, CEILING, seed) for n in slots for w in workloads
+        ceiling_tasks = [(profile_name, w, n, rate, i, system, seed) for n in slots for w in workloads
                          for seed in seeds for i, rate in enumerate(CHECK_LOADS[n][w].rates)
-                         if CEILING not in systems and overloaded(results, CHECK_LOADS[n][w].rates, (w, n, seed, rate))]
+                         if overloaded(results, CHECK_LOADS[n][w].rates, (w, n, seed, rate))
+                         for system in OVERLOADED_ONLY if system not in systems]
         run(ceiling_tasks, len(tasks) + len(ceiling_tasks))
     out: dict[str, Any] = {"profile": profile_name, "systems": list(systems), "seeds": list(seeds), "ours": ours,
                            "scheduler": SchedulerConfig.from_env().to_mapping(),
@@ -195,7 +205,7 @@ def check(profile_name: str, *, slots: Sequence[int] = (32, 256), workloads: Seq
             points = []
             for seed in seeds:
                 for rate in load.rates:
-                    by_system = {s: results[key] for s in (*systems, CEILING)
+                    by_system = {s: results[key] for s in (*systems, *OVERLOADED_ONLY)
                                  if (key := (w, n, seed, str(rate), s)) in results}
                     row = {"seed": seed, "rate": rate, "programs": load.programs_at(rate),
                            "overloaded": overloaded(results, load.rates, (w, n, seed, rate)), "results": by_system}
@@ -212,8 +222,9 @@ def check_table(report: dict[str, Any]) -> list[str]:
     """Markdown rows: per slot count, workload and rate, each system's mean over
     the seeds, autellix's worst ratios to the best baseline and the checks passed."""
     lines = ["| slots | workload | rate | " + " | ".join(f"{s} mean" for s in report["systems"])
-             + " | mean / best | P99 / best | mean / llmd-fairness | mean / clairvoyant | passed |",
-             "|---" * (len(report["systems"]) + 8) + "|"]
+             + " | mean / best | P99 / best | mean / llmd-fairness | mean / clairvoyant"
+             + " | declared mean / clairvoyant | passed |",
+             "|---" * (len(report["systems"]) + 9) + "|"]
     for n, by_workload in report["slots"].items():
         for w, data in by_workload.items():
             for rate in data["rates"]:
@@ -225,13 +236,14 @@ def check_table(report: dict[str, Any]) -> list[str]:
                 lines.append(f"| {n} | {w} | {rate} | " + " | ".join(f"{1e3 * m:.1f}" for m in means)
                              + "".join(f" | {_worst(checks, key)}"
                                        for key in ("mean_vs_best", "p99_vs_best", "mean_vs_llmd_fairness",
-                                                   "mean_vs_clairvoyant"))
+                                                   "mean_vs_clairvoyant", "declared_vs_clairvoyant"))
                              + f" | {passed}/{len(checks)} |")
-    behind = [p["check"]["mean_vs_clairvoyant"] for by_workload in report["slots"].values()
-              for data in by_workload.values() for p in data["points"] if "mean_vs_clairvoyant" in p.get("check", {})]
-    if behind:
-        lines.append(f"\nautellix's mean over the clairvoyant order's at {len(behind)} overloaded points: at most "
-                     f"{CEILING_FACTOR}x at {sum(r <= CEILING_FACTOR for r in behind)}, worst {max(behind):.3f}x")
+    for key, who in (("mean_vs_clairvoyant", "autellix's"), ("declared_vs_clairvoyant", f"{DECLARED}'s")):
+        behind = [p["check"][key] for by_workload in report["slots"].values()
+                  for data in by_workload.values() for p in data["points"] if key in p.get("check", {})]
+        if behind:
+            lines.append(f"\n{who} mean over the clairvoyant order's at {len(behind)} overloaded points: at most "
+                         f"{CEILING_FACTOR}x at {sum(r <= CEILING_FACTOR for r in behind)}, worst {max(behind):.3f}x")
     return lines
 
 

@@ -19,7 +19,11 @@ simulator (``autellix sim --system``, ``autellix sim sweep``) compare: one table
   in front of stock vLLM engines run as ``vllm-opt``: the program-aware rival
   (docs/rival.md);
 * ``clairvoyant`` (simulator only): no system a user can pick, a ceiling: every
-  program ranked by its whole work, known before it starts (``autellix.sim.clairvoyant``).
+  program ranked by its whole work, known before it starts (``autellix.sim.clairvoyant``);
+* ``autellix-declared`` (simulator only): ``autellix`` with every program declaring
+  the tokens it will generate in all (``X-Autellix-Expected-Tokens``,
+  ``autellix.control.size_hints``), each declaration off by a factor of e^N(0, 0.5)
+  (a client's estimate, within a factor of 1.65 two times in three): what declaring is worth.
 
 Standard library only: ``autellix.loadgen`` and ``autellix.sim`` both read it.
 """
@@ -56,6 +60,15 @@ class System:
     #: Each program ranked by its whole work, learnt by a first run of the same programs (the simulator's
     #: ceiling, ``autellix.sim.clairvoyant``; no real engine can run it).
     clairvoyant: bool = False
+    #: Every program declares the tokens it will generate in all, off by a log-normal factor of this sigma
+    #: (``autellix.control.size_hints``); the simulator learns them by a first run of the same programs. None:
+    #: no program declares.
+    declared_error: float | None = None
+
+    @property
+    def two_pass(self) -> bool:
+        """The simulator runs the programs once to learn what they do (no real engine can run it)."""
+        return self.clairvoyant or self.declared_error is not None
 
 
 #: The paper's systems (Figure 12), the other policies of the core, and ``client-plas``.
@@ -70,9 +83,10 @@ SYSTEMS: dict[str, System] = {
     "autellix-no-admission": System("autellix-no-admission", "autellix", "atlas"),
     "llmd-fairness": System("llmd-fairness", "fcfs", None, flow_control=True),
     "clairvoyant": System("clairvoyant", "autellix", "atlas", clairvoyant=True),
+    "autellix-declared": System("autellix-declared", "autellix", "atlas", admission=True, declared_error=0.5),
 }
 
 #: The systems real engines run (``autellix bench``): all but the simulator's ceiling.
-REAL_SYSTEMS: dict[str, System] = {name: system for name, system in SYSTEMS.items() if not system.clairvoyant}
+REAL_SYSTEMS: dict[str, System] = {name: system for name, system in SYSTEMS.items() if not system.two_pass}
 
 __all__ = ["REAL_SYSTEMS", "SYSTEMS", "System"]

@@ -118,6 +118,10 @@ class ProgramStore(Protocol):
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
                      thread_id: str | None = None) -> ActiveCall: ...
 
+    def declare(self, program_id: str, tokens: int) -> None:
+        """The program says it will generate ``tokens`` in all (``ProcessTable.declare``)."""
+        ...
+
     def call_routed(self, program_id: str, call_id: str, engine: str) -> None: ...
 
     def call_finished(self, program_id: str, call_id: str, now: float, *, model_time: float, wait: float = 0.0,
@@ -224,6 +228,9 @@ class MemoryProgramStore:
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
                      thread_id: str | None = None) -> ActiveCall:
         return self.table.call_arrived(program_id, call_id, self._tick(now), thread_id=thread_id)
+
+    def declare(self, program_id: str, tokens: int) -> None:
+        self.table.declare(program_id, tokens)
 
     def call_routed(self, program_id: str, call_id: str, engine: str) -> None:
         self.table.call_routed(program_id, call_id, engine)

@@ -467,6 +467,11 @@ class RedisProgramStore(MemoryProgramStore):
         self._used[program_id] = time.monotonic()
         return call
 
+    def declare(self, program_id: str, tokens: int) -> None:
+        if tokens > self.table[program_id].declared_tokens:
+            super().declare(program_id, tokens)
+            self._changed(program_id)
+
     def call_finished(self, program_id: str, call_id: str, now: float, *, model_time: float, wait: float = 0.0,
                       prompt_tokens: int = 0, completion_tokens: int = 0) -> ProgramEntry:
         entry = super().call_finished(program_id, call_id, now, model_time=model_time, wait=wait,

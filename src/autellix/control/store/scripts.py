@@ -27,8 +27,8 @@ from autellix.core import ProgramEntry
 #: that briefly serve one program at once add up). Attained service is a sum of model
 #: times under every policy (``autellix.core.policies``); the program store checks it.
 ADDED = ("service", "waiting", "calls_done", "calls_aborted", "prompt_tokens", "completion_tokens")
-#: A maximum over the program's calls: merged as the larger value.
-MAXIMA = ("critical_path",)
+#: Maxima over the program's calls: merged as the larger value (a declared size only grows).
+MAXIMA = ("critical_path", "declared_tokens")
 COUNTERS = ADDED + MAXIMA
 #: Service that a takeover's check found on the engines: merged by maximum with every writer's view
 #: of the service; a reader's service is the larger of it and the sum.

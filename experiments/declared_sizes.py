@@ -1,0 +1,109 @@
+"""What declared sizes are worth to autellix, how exact they must be, and what lying about them gains, in the simulator.
+
+    nice -n 5 .venv/bin/python experiments/declared_sizes.py [--points mixed:32:1.2,tool-pause:32:3.0] \
+        [--seeds 1,2,3] [--errors 0,0.5,1] [--jobs 2] [--boundaries 0.5,1,2,4,8,16,32,64,128,256]
+
+At overloaded points of the check (A100 profile; the check's programs and arrivals) it runs, per seed:
+
+* ``autellix``: no program declares;
+* ``declared-S`` for each sigma S of ``--errors``: every program declares the tokens it will generate in all
+  (``autellix.control.size_hints``: what ``POST /v1/sessions``' ``expected_tokens`` says), off by a fixed
+  log-normal factor e^N(0, S) per program; what each generates is learnt by a first run, as the clairvoyant
+  order learns it (``autellix.sim.clairvoyant``);
+* ``clairvoyant``: the ceiling;
+* the liars: the tenth of the programs that generate the most (they have the most to gain by passing for
+  small ones) say nothing, then a fiftieth of their size, every other program declaring exactly. Their mean
+  program token latency lying over saying nothing: at least 1 means lying gained nothing.
+
+``--boundaries`` runs autellix with other queue boundaries (unbounded quanta) than the default's: how
+finely the queues must tell sizes apart. Prints each system's mean program token latency over the
+clairvoyant order's per point and seed, and the liars' ratio. Every run is deterministic (virtual time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from autellix.core import SchedulerConfig
+from autellix.sim.clairvoyant import LEARNING_SYSTEM, Clairvoyance
+from autellix.sim.engine_profile import EngineProfile
+from autellix.sim.serving import sim_summary, simulate_programs
+from autellix.sim.sweep import CHECK_LOADS
+from autellix.workloads import make_programs
+
+PROFILE = "a100-llama3.1-8b"
+DEFAULT_POINTS = ("bfcl:32:6.0,sharegpt:32:3.0,tool-pause:32:3.0,lats:32:0.6,mixed:32:1.2,mixed:32:0.8,"
+                  "tool-pause:256:6.0")
+#: The share of programs, the largest, that lie, and the fraction of their size they claim.
+LIARS_SHARE, LIE = 0.1, 50
+
+
+Task = tuple[str, int, float, int, tuple[float, ...], tuple[float, ...] | None]
+
+
+def run(task: Task) -> tuple[tuple[str, int, float, int], dict[str, Any]]:
+    workload, slots, rate, seed, errors, boundaries = task
+    config = SchedulerConfig()
+    if boundaries is not None:
+        config = config.with_overrides(boundaries=boundaries, quanta=(math.inf,) * (len(boundaries) + 1))
+    load = CHECK_LOADS[slots][workload]
+    draw = seed + load.rates.index(rate)  # the check's programs and arrivals at this rate
+    programs = make_programs(workload, load.programs_at(rate), seed=draw)
+    profile = EngineProfile.load(PROFILE).with_overrides(max_num_seqs=slots)
+
+    def simulate(system: str = "autellix", declared: dict[str, int] | None = None) -> Any:
+        return simulate_programs(programs, profile=profile, system=system, rate=rate, seed=draw, config=config,
+                                 declared=declared)
+
+    seen = Clairvoyance()
+    simulate_programs(programs, profile=profile, system=LEARNING_SYSTEM, rate=rate, seed=draw, ranks=seen)
+    means = {"autellix": sim_summary(simulate())["mean_token_latency"],
+             "clairvoyant": sim_summary(simulate("clairvoyant"))["mean_token_latency"]}
+    for error in errors:
+        means[f"declared-{error:g}"] = sim_summary(simulate(declared=seen.declarations(error, draw)))[
+            "mean_token_latency"]
+    truth = seen.declarations(0.0, draw)
+    liars = sorted(truth, key=truth.__getitem__)[-max(1, round(LIARS_SHARE * len(truth))):]
+    silent = {p: t for p, t in truth.items() if p not in liars}
+    lying = silent | {p: max(1, truth[p] // LIE) for p in liars}
+    liar_means = {}
+    for name, declared in (("quiet", silent), ("lied", lying)):
+        latencies = {p.program_id: p.token_latency for p in simulate(declared=declared).result.programs}
+        liar_means[name] = statistics.mean(latencies[p] for p in liars)
+    return (workload, slots, rate, seed), {"means": means, "liars": liar_means}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--points", default=DEFAULT_POINTS)
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--errors", default="0,0.5,1", help="sigmas of the declarations' log-normal error")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--boundaries", default=None, help="autellix's queue boundaries (default: the default's)")
+    args = parser.parse_args()
+    boundaries = tuple(float(b) for b in args.boundaries.split(",")) if args.boundaries else None
+    points = [(w, int(n), float(r)) for w, n, r in (p.split(":") for p in args.points.split(","))]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    errors = tuple(float(e) for e in args.errors.split(","))
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        results = dict(pool.map(run, [(*point, seed, errors, boundaries) for point in points for seed in seeds]))
+    systems = ["autellix", *(f"declared-{e:g}" for e in errors)]
+    print("| point | seed | clairvoyant (ms/token) | " + " | ".join(f"{s} / clairvoyant" for s in systems)
+          + " | liars: lying / saying nothing |")
+    print("|---" * (len(systems) + 4) + "|")
+    for point in points:
+        for seed in seeds:
+            out = results[(*point, seed)]
+            ceiling = out["means"]["clairvoyant"]
+            cells = [f"{out['means'][s] / ceiling:.2f}" for s in systems]
+            liars = out["liars"]["lied"] / out["liars"]["quiet"]
+            print(f"| {point[0]} {point[2]}/s, {point[1]} slots | {seed} | {1e3 * ceiling:.1f} | "
+                  + " | ".join(cells) + f" | {liars:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
