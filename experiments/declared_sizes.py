@@ -2,6 +2,7 @@
 
     nice -n 5 .venv/bin/python experiments/declared_sizes.py [--points mixed:32:1.2,tool-pause:32:3.0] \
         [--seeds 1,2,3] [--errors 0,0.5,1] [--jobs 2] [--boundaries 0.5,1,2,4,8,16,32,64,128,256]
+    nice -n 5 .venv/bin/python experiments/declared_sizes.py --cpu-tail [--seeds 1,2,3]
 
 At overloaded points of the check (A100 profile; the check's programs and arrivals) it runs, per seed:
 
@@ -14,6 +15,10 @@ At overloaded points of the check (A100 profile; the check's programs and arriva
 * the liars: the tenth of the programs that generate the most (they have the most to gain by passing for
   small ones) say nothing, then a fiftieth of their size, every other program declaring exactly. Their mean
   program token latency lying over saying nothing: at least 1 means lying gained nothing.
+
+``--cpu-tail`` runs instead the real CPU engine's ``tool-pause`` point in the simulator (``cpu-tiny``, 4 slots,
+60 programs at 4/s), where autellix's P99 trails client-plas's on the engine, as ``client-plas``, ``autellix``
+and ``autellix-declared`` (sigma 0.5): each one's mean and P99 over client-plas's per seed.
 
 ``--boundaries`` runs autellix with other queue boundaries (unbounded quanta) than the default's: how
 finely the queues must tell sizes apart. Prints each system's mean program token latency over the
@@ -77,6 +82,26 @@ def run(task: Task) -> tuple[tuple[str, int, float, int], dict[str, Any]]:
     return (workload, slots, rate, seed), {"means": means, "liars": liar_means}
 
 
+def cpu_tail(task: tuple[int, str]) -> tuple[tuple[int, str], tuple[float, float]]:
+    seed, system = task
+    profile = EngineProfile.load("cpu-tiny").with_overrides(max_num_seqs=4)
+    programs = make_programs("tool-pause", 60, seed=seed)
+    summary = sim_summary(simulate_programs(programs, profile=profile, system=system, rate=4.0, seed=seed))
+    return task, (summary["mean_token_latency"], summary["p99_token_latency"])
+
+
+def print_cpu_tail(seeds: list[int], jobs: int) -> None:
+    systems = ("client-plas", "autellix", "autellix-declared")
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        results = dict(pool.map(cpu_tail, [(seed, system) for seed in seeds for system in systems]))
+    print("| seed | " + " | ".join(f"{s}: mean / P99 over client-plas's" for s in systems[1:]) + " |")
+    print("|---" * len(systems) + "|")
+    for seed in seeds:
+        mean, p99 = results[(seed, "client-plas")]
+        cells = [f"{results[(seed, s)][0] / mean:.2f} / {results[(seed, s)][1] / p99:.2f}" for s in systems[1:]]
+        print(f"| {seed} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--points", default=DEFAULT_POINTS)
@@ -84,7 +109,11 @@ def main() -> None:
     parser.add_argument("--errors", default="0,0.5,1", help="sigmas of the declarations' log-normal error")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--boundaries", default=None, help="autellix's queue boundaries (default: the default's)")
+    parser.add_argument("--cpu-tail", action="store_true", help="the CPU engine's tool-pause point instead")
     args = parser.parse_args()
+    if args.cpu_tail:
+        print_cpu_tail([int(s) for s in args.seeds.split(",")], args.jobs)
+        return
     boundaries = tuple(float(b) for b in args.boundaries.split(",")) if args.boundaries else None
     points = [(w, int(n), float(r)) for w, n, r in (p.split(":") for p in args.points.split(","))]
     seeds = [int(s) for s in args.seeds.split(",")]
