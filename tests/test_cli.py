@@ -290,7 +290,7 @@ def test_sim_and_bench_read_one_table_of_systems() -> None:
              if {"--system", "--systems"} & set(param.opts)}
     assert set(helps) == {"autellix sim", "autellix bench sweep", "autellix sim fidelity", "autellix sim sweep"}
     assert [s for s in SYSTEMS if s in helps["autellix sim"]] == list(SYSTEMS), helps["autellix sim"]
-    real = [name for name, system in SYSTEMS.items() if not system.two_pass]
+    real = [name for name, system in SYSTEMS.items() if not system.clairvoyant]
     bench = f" {helps['autellix bench sweep']},"
     assert [s for s in SYSTEMS if f" {s}," in bench] == real, bench
 

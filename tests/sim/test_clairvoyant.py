@@ -45,10 +45,9 @@ def test_the_clairvoyant_order_runs_twice_and_keeps_first_come_first_served_far_
     assert means["clairvoyant"] < 0.5 * means["vllm-opt"] and means["clairvoyant"] < means["llmd-fairness"], means
 
 
-@pytest.mark.parametrize("system", ["clairvoyant", DECLARED])
-def test_real_engines_refuse_the_systems_that_run_their_programs_twice(system: str) -> None:
+def test_real_engines_refuse_the_clairvoyant_order() -> None:
     with pytest.raises(ValueError, match="simulator's alone"):
-        run_sweep("bfcl", [1.0], programs=1, seed=1, systems=[system])
+        run_sweep("bfcl", [1.0], programs=1, seed=1, systems=["clairvoyant"])
 
 
 def _summary(mean: float) -> dict[str, float]:

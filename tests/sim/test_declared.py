@@ -41,3 +41,16 @@ def test_truthful_declarations_lower_the_mean_and_a_liar_gains_nothing() -> None
     mean_liars = {name: statistics.mean(run[p] for p in liars) for name, run in (("quiet", quiet), ("lied", lied))}
     # lying ranks a program at the larger of its service and its claim: never ahead of saying nothing
     assert mean_liars["lied"] >= 0.98 * mean_liars["quiet"], mean_liars
+
+
+@needs_data
+@pytest.mark.parametrize("workload", ["tool-pause", "bfcl"])
+def test_a_plan_declares_exactly_what_its_program_generates(workload: str) -> None:
+    """What the benchmark's load generator declares for ``autellix-declared`` on a real engine (the plan's
+    output budgets, ``AgentProgram.expected_tokens``) is what the program generates."""
+    profile = EngineProfile.load("a100-llama3.1-8b").with_overrides(max_num_seqs=32)
+    programs = make_programs(workload, 12, seed=SEED)
+    seen = Clairvoyance()
+    simulate_programs(programs, profile=profile, system=LEARNING_SYSTEM, rate=RATE, seed=SEED, ranks=seen)
+    assert all(p.expected_tokens for p in programs)
+    assert {p.program_id: p.expected_tokens for p in programs} == dict(seen.tokens)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -24,6 +24,7 @@ import openai
 
 from autellix.client import SESSION_HEADER, THREAD_HEADER
 from autellix.loadgen.flow_control_proxy import FAIRNESS_HEADER
+from autellix.protocol import EXPECTED_TOKENS_FIELD
 from autellix.workloads import AgentProgram, client_priority
 from autellix.workloads.run_metrics import CallStat, ProgramStat, RunResult, poisson_arrivals
 
@@ -211,14 +212,16 @@ def retry_after_s(header: str | None) -> float:
 async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: float, seed: int, model: str,
                        engines: Sequence[str] = (), sessions: bool | None = None, stream: bool = True,
                        client_priority: bool = False, reply_tokens: Sequence[int] | None = None,
-                       fairness_header: bool = False,
+                       fairness_header: bool = False, declared: Mapping[str, int] | None = None,
                        on_done: Callable[[ProgramStat], None] | None = None, api_key: str = "none") -> RunResult:
     """Start each program at its Poisson arrival time; wait for all to finish.
     ``client_priority``: each program sends its own bucketed token count as the
     calls' vLLM priority (``client-plas``; the engine must schedule by priority).
     ``reply_tokens``: the token ids replies may use (``HttpLLM``).
     ``fairness_header``: each program names itself in llm-d's fairness header
-    (``llmd-fairness``: the target is ``flow_control_proxy``)."""
+    (``llmd-fairness``: the target is ``flow_control_proxy``).
+    ``declared``: the tokens each program (by id) declares when it opens its session
+    (``expected_tokens``; ``autellix-declared``)."""
     base = target.rstrip("/")
     if sessions is None:
         sessions = await uses_sessions(base)
@@ -236,7 +239,8 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
         llm: HttpLLM | None = None
         try:
             if sessions:
-                session = await open_session(client, stat)
+                tokens = (declared or {}).get(program.program_id)
+                session = await open_session(client, stat, {EXPECTED_TOKENS_FIELD: tokens} if tokens else None)
             llm = HttpLLM(client, model, stat, calls, session, stream=stream, client_priority=client_priority,
                           reply_tokens=reply_tokens, fairness_id=program.program_id if fairness_header else None)
             await program.run(llm)

@@ -60,6 +60,7 @@ from autellix.engine.tiny_model import REPLY_TOKEN_IDS, build_tiny_model, defaul
 from autellix.loadgen.runner import run_programs
 from autellix.sim.engine_profile import EngineProfile
 from autellix.workloads import make_programs, tool_pause
+from autellix.workloads.base import declarations
 from autellix.workloads.run_metrics import loaded_comparison, paired_rounds, per_program, summarize, sustained_rates
 from autellix.workloads.systems import REAL_SYSTEMS, SYSTEMS, System
 
@@ -231,7 +232,7 @@ def run_sweep(workload: str, rates: Sequence[float] | None, *, programs: int | N
     unknown = [s for s in systems if s not in REAL_SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown} on real engines; expected some of {', '.join(REAL_SYSTEMS)}"
-                         " (the clairvoyant order and autellix-declared are the simulator's alone)")
+                         " (the clairvoyant order is the simulator's alone)")
     if rounds < 1:
         raise ValueError(f"rounds: expected at least 1, got {rounds}")
     if len(set(systems)) != len(systems):
@@ -302,9 +303,14 @@ class _RateRunner:
         batch = make_programs(self.workload, count, seed=self.seed + index, calibration=self.calibration)
         started = time.monotonic()
         cpu_before = cpu_seconds_by_role()
+        declared = None
+        if system.declared_error is not None:  # each program declares what its plan fixes, as a harness would
+            declared = declarations({p.program_id: p.expected_tokens for p in batch if p.expected_tokens},
+                                    system.declared_error, self.seed + index)
         run = asyncio.run(run_programs(target, batch, rate=rate, seed=self.seed + index, model=SERVED_MODEL,
                                        engines=[engine], stream=self.stream, client_priority=system.client_priority,
-                                       reply_tokens=REPLY_TOKEN_IDS, fairness_header=system.flow_control))
+                                       reply_tokens=REPLY_TOKEN_IDS, fairness_header=system.flow_control,
+                                       declared=declared))
         summary = summarize(run) | {"per_program": per_program(run),
                                     "cpu_seconds": cpu_used(cpu_before, cpu_seconds_by_role())}
         if trace is not None:

@@ -17,11 +17,11 @@ program's calls carried, so each program keeps the rank of its first call: its w
 from __future__ import annotations
 
 import math
-import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from autellix.core import SchedulerConfig
+from autellix.workloads.base import declarations
 
 #: Levels 1.25x apart from 1 ms to 10^7 s: fine enough that the rank's order is the queue's order; no
 #: anti-starvation.
@@ -61,10 +61,8 @@ class Clairvoyance:
 
     def declarations(self, error: float, seed: int) -> dict[str, int]:
         """The tokens each program would declare if it knew its size within a log-normal factor of ``error``
-        (its sigma; 0: exactly), drawn per program from ``seed``."""
-        rng = random.Random(seed)
-        return {key: max(1, round(self.tokens[key] * math.exp(rng.gauss(0.0, error))))
-                for key in sorted(self.tokens)}
+        (``autellix.workloads.base.declarations``)."""
+        return declarations(self.tokens, error, seed)
 
     def rank(self, program_id: str) -> float:
         """The service a call of ``program_id`` carries in pass two (lower runs first): its program's

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
@@ -76,6 +76,9 @@ class AgentProgram:
     program_id: str
     run: Callable[[LLM], Awaitable[None]]  # the program; all randomness fixed at construction (seeded)
     expected_calls: int | None = None  # when known in advance (sharegpt, bfcl); None for lats
+    #: The tokens it will generate in all, when its plan fixes them (its calls' output budgets: ``bfcl``,
+    #: ``tool-pause``): what a harness that knows its plan can declare (``autellix.control.size_hints``).
+    expected_tokens: int | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -180,6 +183,14 @@ def program_rng(seed: int, workload: str, index: int) -> tuple[str, random.Rando
 #: ``client-plas``: tokens a program may generate before its calls drop to the
 #: second priority bucket; each later bucket starts at twice the tokens.
 CLIENT_PRIORITY_FIRST_BUCKET = 64
+
+
+def declarations(tokens: Mapping[str, int], error: float, seed: int) -> dict[str, int]:
+    """What programs declare of ``tokens`` (each program's generated tokens in all) when each knows its
+    own within a fixed log-normal factor e^N(0, ``error``) (0: exactly), drawn per program from ``seed``
+    in the order of their ids: the same declarations wherever the same sizes are known."""
+    rng = random.Random(seed)
+    return {key: max(1, round(tokens[key] * math.exp(rng.gauss(0.0, error)))) for key in sorted(tokens)}
 
 
 def client_priority(generated_tokens: int) -> int:

@@ -123,7 +123,8 @@ def react_program(workload: str, program_id: str, system: str, plan: Sequence[Re
             reply = await llm.chat(list(history), max_tokens=turn.reply_tokens, thread=MAIN_THREAD)
             history.append(assistant_message(reply))
 
-    return AgentProgram(workload, program_id, run, expected_calls=sum(len(t.steps) + 1 for t in plan))
+    return AgentProgram(workload, program_id, run, expected_calls=sum(len(t.steps) + 1 for t in plan),
+                        expected_tokens=sum(sum(s.max_tokens for s in t.steps) + t.reply_tokens for t in plan))
 
 
 def _bfcl_system(entry: BfclEntry, funcs: Sequence[BfclFunction], calibration: str) -> str:

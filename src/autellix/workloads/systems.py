@@ -20,10 +20,12 @@ simulator (``autellix sim --system``, ``autellix sim sweep``) compare: one table
   (docs/rival.md);
 * ``clairvoyant`` (simulator only): no system a user can pick, a ceiling: every
   program ranked by its whole work, known before it starts (``autellix.sim.clairvoyant``);
-* ``autellix-declared`` (simulator only): ``autellix`` with every program declaring
-  the tokens it will generate in all (``X-Autellix-Expected-Tokens``,
-  ``autellix.control.size_hints``), each declaration off by a factor of e^N(0, 0.5)
-  (a client's estimate, within a factor of 1.65 two times in three): what declaring is worth.
+* ``autellix-declared``: ``autellix`` with every program declaring the tokens it
+  will generate in all (``expected_tokens``, ``autellix.control.size_hints``), each
+  declaration off by a factor of e^N(0, 0.5) (a client's estimate, within a factor of
+  1.65 two times in three): what declaring is worth. The simulator learns each
+  program's size by a first run; on a real engine a program declares what its plan
+  fixes (``bfcl``, ``tool-pause``), and one without a plan declares nothing.
 
 Standard library only: ``autellix.loadgen`` and ``autellix.sim`` both read it.
 """
@@ -61,13 +63,14 @@ class System:
     #: ceiling, ``autellix.sim.clairvoyant``; no real engine can run it).
     clairvoyant: bool = False
     #: Every program declares the tokens it will generate in all, off by a log-normal factor of this sigma
-    #: (``autellix.control.size_hints``); the simulator learns them by a first run of the same programs. None:
-    #: no program declares.
+    #: (``autellix.control.size_hints``, ``autellix.workloads.base.declarations``): in the simulator what a
+    #: first run of the same programs learnt; on a real engine what the program's plan fixes
+    #: (``AgentProgram.expected_tokens``; a program without one declares nothing). None: no program declares.
     declared_error: float | None = None
 
     @property
     def two_pass(self) -> bool:
-        """The simulator runs the programs once to learn what they do (no real engine can run it)."""
+        """The simulator runs the programs once to learn what they do."""
         return self.clairvoyant or self.declared_error is not None
 
 
@@ -86,7 +89,8 @@ SYSTEMS: dict[str, System] = {
     "autellix-declared": System("autellix-declared", "autellix", "atlas", admission=True, declared_error=0.5),
 }
 
-#: The systems real engines run (``autellix bench``): all but the simulator's ceiling.
-REAL_SYSTEMS: dict[str, System] = {name: system for name, system in SYSTEMS.items() if not system.two_pass}
+#: The systems real engines run (``autellix bench``): all but the simulator's ceiling. There ``autellix-declared``'s
+#: programs declare what their plans fix (``AgentProgram.expected_tokens``), and those without a plan nothing.
+REAL_SYSTEMS: dict[str, System] = {name: system for name, system in SYSTEMS.items() if not system.clairvoyant}
 
 __all__ = ["REAL_SYSTEMS", "SYSTEMS", "System"]
