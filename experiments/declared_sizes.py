@@ -39,6 +39,7 @@ from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import sim_summary, simulate_programs
 from autellix.sim.sweep import CHECK_LOADS
 from autellix.workloads import make_programs
+from autellix.workloads.base import declarations
 
 PROFILE = "a100-llama3.1-8b"
 DEFAULT_POINTS = ("bfcl:32:6.0,sharegpt:32:3.0,tool-pause:32:3.0,lats:32:0.6,mixed:32:1.2,mixed:32:0.8,"
@@ -69,9 +70,9 @@ def run(task: Task) -> tuple[tuple[str, int, float, int], dict[str, Any]]:
     means = {"autellix": sim_summary(simulate())["mean_token_latency"],
              "clairvoyant": sim_summary(simulate("clairvoyant"))["mean_token_latency"]}
     for error in errors:
-        means[f"declared-{error:g}"] = sim_summary(simulate(declared=seen.declarations(error, draw)))[
+        means[f"declared-{error:g}"] = sim_summary(simulate(declared=declarations(seen.tokens, error, draw)))[
             "mean_token_latency"]
-    truth = seen.declarations(0.0, draw)
+    truth = declarations(seen.tokens, 0.0, draw)
     liars = sorted(truth, key=truth.__getitem__)[-max(1, round(LIARS_SHARE * len(truth))):]
     silent = {p: t for p, t in truth.items() if p not in liars}
     lying = silent | {p: max(1, truth[p] // LIE) for p in liars}

@@ -60,8 +60,7 @@ def _agent_hints(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     nvext = body.get(NVEXT_FIELD)
     if nvext is None:
         return None
-    hints = nvext.get(AGENT_HINTS_FIELD) if isinstance(nvext, dict) else None
-    if not isinstance(nvext, dict) or not isinstance(hints, dict | None):
+    if not isinstance(nvext, dict) or not isinstance(hints := nvext.get(AGENT_HINTS_FIELD), dict | None):
         raise APIError(400, f"'{NVEXT_FIELD}' must be an object, its '{AGENT_HINTS_FIELD}' an object.",
                        param=NVEXT_FIELD)
     return hints

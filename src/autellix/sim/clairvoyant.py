@@ -21,7 +21,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from autellix.core import SchedulerConfig
-from autellix.workloads.base import declarations
 
 #: Levels 1.25x apart from 1 ms to 10^7 s: fine enough that the rank's order is the queue's order; no
 #: anti-starvation.
@@ -58,11 +57,6 @@ class Clairvoyance:
 
     def ended(self, program_id: str) -> None:
         """Nothing to do: what a program did is kept for the pass after."""
-
-    def declarations(self, error: float, seed: int) -> dict[str, int]:
-        """The tokens each program would declare if it knew its size within a log-normal factor of ``error``
-        (``autellix.workloads.base.declarations``)."""
-        return declarations(self.tokens, error, seed)
 
     def rank(self, program_id: str) -> float:
         """The service a call of ``program_id`` carries in pass two (lower runs first): its program's

@@ -43,6 +43,7 @@ from autellix.sim.engine_request import RequestOutcome, SimRequest
 from autellix.sim.gateway_queues import AdmissionGate, RequestFlowControl
 from autellix.sim.virtual_loop import run_virtual
 from autellix.workloads import AgentProgram, client_priority
+from autellix.workloads.base import declarations
 from autellix.workloads.run_metrics import CallStat, ProgramStat, RunResult, poisson_arrivals, summarize
 from autellix.workloads.systems import SYSTEMS, System
 
@@ -411,7 +412,7 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     if system.declared_error is not None:
         return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
                          config=config, link_subagents=link_subagents,
-                         declared=seen.declarations(system.declared_error, seed))
+                         declared=declarations(seen.tokens, system.declared_error, seed))
     return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
                      config=config.with_overrides(boundaries=CLAIRVOYANT_LEVELS.boundaries,
                                                   quanta=CLAIRVOYANT_LEVELS.quanta, beta=CLAIRVOYANT_LEVELS.beta),
