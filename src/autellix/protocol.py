@@ -111,6 +111,8 @@ ADMIN_UNDRAIN_PATH = ADMIN_ENGINES_PATH + "/undrain"
 ADMIN_CALLS_PATH = "/admin/calls"
 #: Program admission under overload: admitted and waiting programs, the limits now.
 ADMIN_ADMISSION_PATH = "/admin/admission"
+#: Tenants' shares of model time: weight, service, lead over the least served, recent share (``GET``).
+ADMIN_TENANTS_PATH = "/admin/tenants"
 #: Sessions opened, read and ended on a tenant's behalf (the operator's AgentPrograms):
 #: ``POST {"tenant": NAME}``, ``GET``/``DELETE ADMIN_SESSIONS_PATH + "/" + id``.
 ADMIN_SESSIONS_PATH = "/admin/sessions"
@@ -133,6 +135,8 @@ XARG_SERVICE, XARG_WAIT = "autellix_service", "autellix_wait"
 XARG_TREE = "autellix_tree"
 #: The model time the program declared it will take (``autellix.core.ProcessTable.declared``; sent when said).
 XARG_DECLARED = "autellix_declared"
+#: The program's tenant and the tenant's weight (``autellix.core.TenantShares``; sent when the gateway has tenants).
+XARG_TENANT, XARG_TENANT_WEIGHT = "autellix_tenant", "autellix_tenant_weight"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +157,9 @@ class SchedulingFields:
     tree: str | None = None
     #: The model time the program declared it will take (0: none said).
     declared: float = 0.0
+    #: The program's tenant (None: tenants are not told apart) and the tenant's weight.
+    tenant: str | None = None
+    tenant_weight: float = 1.0
 
     def xargs(self) -> dict[str, Any]:
         """The flat ``vllm_xargs`` the engine plugin reads."""
@@ -164,6 +171,9 @@ class SchedulingFields:
             out[XARG_TREE] = self.tree
         if self.declared > 0:
             out[XARG_DECLARED] = round(self.declared, 6)
+        if self.tenant is not None:
+            out[XARG_TENANT] = self.tenant
+            out[XARG_TENANT_WEIGHT] = self.tenant_weight
         return out
 
 
@@ -310,6 +320,7 @@ __all__ = [
     "ADMIN_ENGINES_PATH",
     "ADMIN_SESSIONS_PATH",
     "ADMIN_SESSION_ROUTE",
+    "ADMIN_TENANTS_PATH",
     "ADMIN_UNDRAIN_PATH",
     "AGENT_PARENT_HEADERS",
     "AGENT_SESSION_HEADERS",
@@ -357,6 +368,8 @@ __all__ = [
     "XARG_CALL",
     "XARG_PROGRAM",
     "XARG_SERVICE",
+    "XARG_TENANT",
+    "XARG_TENANT_WEIGHT",
     "XARG_THREAD",
     "XARG_TREE",
     "XARG_WAIT",

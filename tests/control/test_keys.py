@@ -38,7 +38,11 @@ def test_an_empty_or_all_comment_file_is_an_error_not_auth_off(tmp_path: Path, c
 
 @pytest.mark.parametrize(("content", "match"), [
     ("short\n", "at least 16"),
-    (f"team a {KEY_A}\n", "expected 'KEY' or 'TENANT KEY'"),
+    (f"team a {KEY_A}\n", "expected 'KEY', 'TENANT KEY' or 'TENANT weight=W'"),
+    (f"team-a {KEY_A}\nteam-a weight=0\n", "positive number"),
+    (f"team-a {KEY_A}\nteam-a weight=lots\n", "positive number"),
+    (f"team-a {KEY_A}\nteam-a weight=2\nteam-a weight=3\n", "two weights"),
+    (f"team-a {KEY_A}\nteam-b weight=2\n", "has a weight but no key"),
     (f"team/a {KEY_A}\n", "tenant name"),
     (f"team-a {KEY_A}\nteam-b {KEY_A}\n", "two tenants"),
 ])
@@ -106,3 +110,24 @@ def test_a_broken_reload_keeps_the_last_good_keys(tmp_path: Path) -> None:
     keys.write_text(f"team-a {KEY_A}\nteam-b {KEY_B}\n")
     assert ring.refresh() is True and ring.last_error is None
     assert ring.identify(bearer(KEY_B)) == Tenant("team-b")
+
+
+def test_weights_come_from_the_file_the_environment_and_a_secret_and_reload(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"team-a {KEY_A}\nteam-a weight=3\n{KEY_B}\n")
+    ring = KeyRing([KeySource(path=keys)], environ={})
+    bare = ring.identify(bearer(KEY_B))
+    assert bare is not None and ring.weights == {"team-a": 3.0, bare.name: 1.0}
+    keys.write_text(f"team-a {KEY_A}\nteam-a weight=0.5\n{KEY_B}\n")
+    os.utime(keys, ns=(2, 2))
+    assert ring.refresh() is True and ring.weights["team-a"] == 0.5  # a weight change is a change
+
+    environ = {ENV_API_KEYS: f"team-a {KEY_A},team-a weight=2"}
+    assert KeyRing(sources_from([], ENV_API_KEYS, environ), environ=environ).weights == {"team-a": 2.0}
+
+    secret = tmp_path / "secret"
+    mount_secret(secret, {"team-a": f"{KEY_A}\nweight=4\n", "team-b": KEY_B}, 1)
+    assert KeyRing([KeySource(path=secret)], environ={}).weights == {"team-a": 4.0, "team-b": 1.0}
+    mount_secret(secret, {"team-a": "weight=4\n", "team-b": KEY_B}, 2)
+    with pytest.raises(KeysError, match="no key"):  # a weight alone is not a tenant
+        KeyRing([KeySource(path=secret)], environ={})

@@ -4,7 +4,7 @@ import pytest
 
 from autellix.core import SchedulerConfig
 from autellix.engine.planner import CallIdentity, CallPlanner
-from autellix.protocol import XARG_DECLARED, SchedulingFields
+from autellix.protocol import XARG_DECLARED, XARG_TENANT, SchedulingFields
 
 
 def planner_with_a_typical_call_of(seconds: float) -> CallPlanner:
@@ -43,3 +43,27 @@ def test_the_declared_model_time_from_the_gateway_places_a_new_programs_call():
     assert planner.program_view("big").priority == 40.0
     assert big.level > small.level  # behind the program that said nothing and has had nothing
     assert XARG_DECLARED not in SchedulingFields("small", "g2", 0.0, 0.0).xargs()
+
+
+def test_the_tenant_and_its_weight_from_the_gateway_share_the_engine_between_tenants():
+    planner = CallPlanner(SchedulerConfig())
+
+    def identity(program: str, call: str, tenant: str, weight: float = 1.0) -> CallIdentity:
+        fields = SchedulingFields(program=program, call=call, service=0.0, wait=0.0, tenant=tenant,
+                                  tenant_weight=weight)
+        return CallIdentity.of(call, fields.xargs(), None)
+
+    assert identity("p", "c", "team-a", 3.0).tenant_weight == 3.0
+    assert XARG_TENANT not in SchedulingFields("p", "c", 0.0, 0.0).xargs()  # no tenants: nothing said
+    planner.arrive("a0", identity("a", "a0", "team-a"), 0.0)
+    planner.arrive("b0", identity("b", "b0", "team-b"), 0.0)
+    planner.started(["a0", "b0"])
+    planner.step_done(2.0)
+    planner.leave("a0", 2.0, finished=True)  # team-a has had 2 s; team-b's call still runs
+    assert planner.table["a"].owner == "team-a"
+    fresh_a = planner.arrive("a1", identity("a2", "a1", "team-a"), 2.0)  # a fresh program of the tenant ahead
+    fresh_b = planner.arrive("b1", identity("b2", "b1", "team-b"), 2.0)
+    assert planner.program_view("a2").lead > 0 and planner.program_view("b2").lead == 0.0
+    assert fresh_a.level > fresh_b.level
+    planner.arrive("a2", identity("a3", "a2", "team-a", weight=1e6), 2.0)  # the latest weight counts
+    assert planner.table.tenants.weight("team-a") == 1e6 and planner.program_view("b2").patience == 1e6

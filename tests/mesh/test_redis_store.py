@@ -24,6 +24,7 @@ from autellix.control.store.programs import ProgramStore
 from autellix.control.store.redis_programs import RedisProgramStore
 from autellix.control.store.scripts import MERGE
 from autellix.core import DuplicateProgram
+from autellix.core.tenant_shares import LEAD_GAIN
 from autellix.mesh.local import LocalRedis
 from tests.mesh.replicas import replica, stop
 
@@ -94,6 +95,26 @@ async def test_a_declared_size_reaches_the_other_replica_and_only_grows(
     await a.flush()
     fields = await a.redis.hgetall(a.keys.program("sized"))
     assert float(fields["declared_tokens"]) == 9_000
+
+
+@pytest.mark.asyncio
+async def test_replicas_reckon_each_tenants_share_from_every_replicas_calls(
+        replicas: tuple[RedisProgramStore, ...]) -> None:
+    a, b = replicas
+    now = time.monotonic()
+    await a.open("swarm-1", now, owner="swarm")
+    await b.open("agent", now, owner="lone")
+    b.call_arrived("agent", "held", now)  # both tenants active on B
+    b.tenants.call_started("swarm", now)
+    finish_call(a, "swarm-1", "c1", 6.0)  # the swarm's calls went through A only
+    assert b.tenants.lead("swarm") == 0.0  # B has not heard of them yet
+    await a.exchange_tenants()
+    await b.exchange_tenants()
+    assert b.tenants.lead("swarm") == pytest.approx(LEAD_GAIN * 6.0) and b.tenants.lead("lone") == 0.0
+    await a.exchange_tenants()
+    await b.exchange_tenants()  # written as totals: hearing them again adds nothing
+    assert b.tenants.lead("swarm") == pytest.approx(LEAD_GAIN * 6.0)
+    assert [row["service_elsewhere"] for row in b.tenants.describe(now) if row["tenant"] == "swarm"] == [6.0]
 
 
 @pytest.mark.asyncio

@@ -243,8 +243,10 @@ class RequestController:
         level = None
         if self.send_priority:
             level = self.queues.level_for(view.priority if self.policy.places_by_priority else 0.0)
+        tenant = self.store.entry(program_id).owner
         return SchedulingFields(program=program_id, call=call_id, service=view.service, wait=view.wait,
-                                thread=thread_id, level=level, tree=view.tree or None, declared=view.declared)
+                                thread=thread_id, level=level, tree=view.tree or None, declared=view.declared,
+                                tenant=tenant, tenant_weight=self.store.tenants.weight(tenant))
 
     # ---- one call -------------------------------------------------------------------
     async def call(self, spec: CallSpec, send: EngineCall[T]) -> T:

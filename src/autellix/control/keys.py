@@ -2,19 +2,23 @@
 
 Sources (any mix; ``KeyRing.load`` reads them all):
 
-* a file: one entry per line, ``KEY`` or ``TENANT KEY`` (whitespace apart);
+* a file: one entry per line, ``KEY`` or ``TENANT KEY`` (whitespace apart),
+  or ``TENANT weight=W``: the tenant's share of the engines when they are
+  contended (``autellix.core.TenantShares``; a positive number, default 1);
   blank lines and lines whose first non-blank character is ``#`` are comments
   (an indented ``# ...`` is a comment too, never a key);
 * the environment: comma-separated entries of the same form
   (``AUTELLIX_API_KEYS=team-a k1,k2``);
 * a mounted Kubernetes Secret (a directory): each data key is a tenant name,
-  its value that tenant's keys in the file form (``kubectl create secret
-  generic autellix-tenant-keys --from-literal=team-a=$(openssl rand -hex 24)``).
+  its value that tenant's keys in the file form, one per line, and optionally
+  a line ``weight=W`` (``kubectl create secret generic autellix-tenant-keys
+  --from-literal=team-a="$(openssl rand -hex 24)"$'\n'weight=3``).
   Kubernetes swaps the ``..data`` link when the Secret changes, so the
   directory's files are read through it and hidden entries are skipped.
 
 Fail closed: a source that is configured but yields no key, an unreadable
-source, a key given to two tenants or a malformed entry is an error
+source, a key given to two tenants, two weights for one tenant or a malformed
+entry is an error
 (``KeysError``), never "auth off". Auth is off only when no source is
 configured at all, which the gateway allows only on loopback or when told
 ``--allow-anonymous``. On reload a broken source keeps the last good keys
@@ -28,6 +32,7 @@ is named after its digest (``key-<8 hex>``), so logs and metrics can name it.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -63,16 +68,60 @@ class Tenant:
     name: str
 
 
-def parse_entries(entries: Iterable[str], source: str, *, tenant: str | None = None) -> dict[str, str]:
-    """Digest -> tenant name of the keys in ``entries`` (lines of a file, items
-    of the environment variable). ``tenant`` names the tenant of every entry (a
-    Secret's data key); then an entry is a bare key."""
-    keys: dict[str, str] = {}
+#: How an entry sets its tenant's weight (``TENANT weight=W``; in a Secret's value, ``weight=W``).
+WEIGHT_PREFIX = "weight="
+
+
+@dataclass
+class Entries:
+    """What a key source says: digest -> tenant name, and the tenants' weights it sets."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def merge(self, other: Entries, source: str) -> None:
+        for digest, tenant in other.keys.items():
+            if self.keys.get(digest, tenant) != tenant:
+                raise KeysError(f"{source}: the same key is given to two tenants ({self.keys[digest]}, {tenant})")
+            self.keys[digest] = tenant
+        for tenant, weight in other.weights.items():
+            _set_weight(self.weights, tenant, weight, source)
+
+
+def _set_weight(weights: dict[str, float], tenant: str, weight: float, where: str) -> None:
+    if weights.get(tenant, weight) != weight:
+        raise KeysError(f"{where}: tenant {tenant!r} is given two weights ({weights[tenant]:g}, {weight:g})")
+    weights[tenant] = weight
+
+
+def _weight(text: str, where: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not 0 < weight < math.inf:
+        raise KeysError(f"{where}: weight must be a positive number, got {text!r}")
+    return weight
+
+
+def parse_entries(entries: Iterable[str], source: str, *, tenant: str | None = None) -> Entries:
+    """The keys (digest -> tenant name) and weights in ``entries`` (lines of a
+    file, items of the environment variable). ``tenant`` names the tenant of
+    every entry (a Secret's data key); then an entry is a bare key or ``weight=W``."""
+    found = Entries()
+    keys = found.keys
     for number, raw in enumerate(entries, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         parts = line.split()
+        where = f"{source}: entry {number}"
+        if parts[-1].startswith(WEIGHT_PREFIX) and len(parts) == (1 if tenant is not None else 2):
+            name = tenant if tenant is not None else parts[0]
+            if not TENANT_NAME.match(name):
+                raise KeysError(f"{where}: tenant name {name!r} must match {TENANT_NAME.pattern}")
+            _set_weight(found.weights, name, _weight(parts[-1].removeprefix(WEIGHT_PREFIX), where), where)
+            continue
         if tenant is not None:
             if len(parts) != 1:
                 raise KeysError(f"{source}: entry {number}: expected one key per line")
@@ -82,7 +131,7 @@ def parse_entries(entries: Iterable[str], source: str, *, tenant: str | None = N
         elif len(parts) == 2:
             name, key = parts
         else:
-            raise KeysError(f"{source}: entry {number}: expected 'KEY' or 'TENANT KEY'")
+            raise KeysError(f"{where}: expected 'KEY', 'TENANT KEY' or 'TENANT weight=W'")
         if len(key) < MIN_KEY_LENGTH:
             raise KeysError(f"{source}: entry {number}: keys must be at least {MIN_KEY_LENGTH} characters")
         if name is not None and not TENANT_NAME.match(name):
@@ -92,7 +141,10 @@ def parse_entries(entries: Iterable[str], source: str, *, tenant: str | None = N
         if keys.get(digest, name) != name:
             raise KeysError(f"{source}: entry {number}: the same key is given to two tenants")
         keys[digest] = name
-    return keys
+    for name in found.weights:
+        if name not in keys.values():
+            raise KeysError(f"{source}: tenant {name!r} has a weight but no key")
+    return found
 
 
 @dataclass(frozen=True)
@@ -118,31 +170,31 @@ class KeySource:
         except OSError:
             return (("missing", 0, 0),)
 
-    def read(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """Digest -> tenant of this source's keys; ``KeysError`` when it has none."""
+    def read(self, environ: Mapping[str, str]) -> Entries:
+        """This source's keys and weights; ``KeysError`` when it has no key."""
         what = self.describe()
         if self.path is None:
             raw = environ.get(self.env or "", "")
-            keys = parse_entries(raw.split(","), what)
+            found = parse_entries(raw.split(","), what)
         else:
             try:
                 if self.path.is_dir():
-                    keys = {}
+                    found = Entries()
                     for file in _secret_files(self.path):
                         if not TENANT_NAME.match(file.name):
                             raise KeysError(f"{what}: tenant name {file.name!r} must match {TENANT_NAME.pattern}")
-                        found = parse_entries(file.read_text().splitlines(), f"{what}/{file.name}",
-                                              tenant=file.name)
-                        if not found:
+                        entries = parse_entries(file.read_text().splitlines(), f"{what}/{file.name}",
+                                                tenant=file.name)
+                        if not entries.keys:
                             raise KeysError(f"{what}/{file.name}: no key (empty or only comments)")
-                        _merge(keys, found, what)
+                        found.merge(entries, what)
                 else:
-                    keys = parse_entries(self.path.read_text().splitlines(), what)
+                    found = parse_entries(self.path.read_text().splitlines(), what)
             except OSError as exc:
                 raise KeysError(f"{what}: cannot read: {exc.strerror or exc}") from None
-        if not keys:
+        if not found.keys:
             raise KeysError(f"{what}: no key (empty or only comments); refusing to run with auth off")
-        return keys
+        return found
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -153,13 +205,6 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _secret_files(directory: Path) -> list[Path]:
     """A mounted Secret's data files (its ``..data`` bookkeeping entries are hidden)."""
     return sorted(p for p in directory.iterdir() if not p.name.startswith(".") and p.is_file())
-
-
-def _merge(into: dict[str, str], found: Mapping[str, str], source: str) -> None:
-    for digest, tenant in found.items():
-        if into.get(digest, tenant) != tenant:
-            raise KeysError(f"{source}: the same key is given to two tenants ({into[digest]}, {tenant})")
-        into[digest] = tenant
 
 
 def sources_from(paths: Iterable[Path], env: str, environ: Mapping[str, str]) -> list[KeySource]:
@@ -181,19 +226,21 @@ class KeyRing:
     sources: list[KeySource]
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     _keys: dict[str, str] = field(default_factory=dict, init=False)
+    _weights: dict[str, float] = field(default_factory=dict, init=False)
     _signatures: list[tuple[tuple[str, int, int], ...]] = field(default_factory=list, init=False)
     #: The last reload's error (the old keys stay in force), None when the last reload worked.
     last_error: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self._keys = self._read_all()  # raises: a bad source stops the start
+        found = self._read_all()  # raises: a bad source stops the start
+        self._keys, self._weights = found.keys, found.weights
         self._signatures = [s.signature() for s in self.sources]
 
-    def _read_all(self) -> dict[str, str]:
-        keys: dict[str, str] = {}
+    def _read_all(self) -> Entries:
+        found = Entries()
         for source in self.sources:
-            _merge(keys, source.read(self.environ), source.describe())
-        return keys
+            found.merge(source.read(self.environ), source.describe())
+        return found
 
     @property
     def enabled(self) -> bool:
@@ -202,6 +249,11 @@ class KeyRing:
     @property
     def tenants(self) -> set[str]:
         return set(self._keys.values())
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Every tenant's weight (1 where none is set)."""
+        return {tenant: self._weights.get(tenant, 1.0) for tenant in self.tenants}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -213,13 +265,13 @@ class KeyRing:
         if signatures == self._signatures:
             return False
         try:
-            keys = self._read_all()
+            found = self._read_all()
         except KeysError as exc:
             self.last_error = str(exc)
             return False  # signatures not taken: the next refresh tries again
         self._signatures, self.last_error = signatures, None
-        changed = keys != self._keys
-        self._keys = keys
+        changed = (found.keys, found.weights) != (self._keys, self._weights)
+        self._keys, self._weights = found.keys, found.weights
         return changed
 
     def tenant_of(self, key: str) -> Tenant | None:
@@ -236,5 +288,5 @@ class KeyRing:
         return self.tenant_of(key)
 
 
-__all__ = ["ENV_ADMIN_KEYS", "ENV_API_KEYS", "MIN_KEY_LENGTH", "KeyRing", "KeySource", "KeysError", "Tenant",
-           "key_digest", "parse_entries", "sources_from"]
+__all__ = ["ENV_ADMIN_KEYS", "ENV_API_KEYS", "MIN_KEY_LENGTH", "WEIGHT_PREFIX", "Entries", "KeyRing", "KeySource",
+           "KeysError", "Tenant", "key_digest", "parse_entries", "sources_from"]

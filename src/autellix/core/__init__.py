@@ -27,12 +27,13 @@ from autellix.core.process_table import (
     UnknownCall,
     UnknownProgram,
 )
+from autellix.core.tenant_shares import TenantShare, TenantShares
 
 __all__ = [
     "ATLAS", "BALANCERS", "DEFAULT_CONFIG", "FCFS", "MLFQ", "PLAS", "POLICIES",
     "ActiveCall", "Balancer", "ConfigError", "DuplicateProgram", "LeastUsedBalancer",
     "LocalityBalancer", "MultiLevelQueue", "NoEngine", "Policy", "ProcessTable",
     "ProgramEntry", "ProgramView", "QueueSpec", "QueuedCall", "RoundRobinBalancer", "Route",
-    "SchedulerConfig", "UnknownCall", "UnknownProgram", "balancer_from_config",
+    "SchedulerConfig", "TenantShare", "TenantShares", "UnknownCall", "UnknownProgram", "balancer_from_config",
     "least_used_engine", "policy_by_name",
 ]

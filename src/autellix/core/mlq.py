@@ -3,7 +3,8 @@
 K queues Q1..QK (index 0..K-1 here). A call enters the queue whose service range
 holds its program's priority (or Q1 for program-agnostic policies), runs FCFS
 inside it, is demoted when it has used its queue's quantum, and is promoted back
-to Q1 when its program's wait over its service (attained and committed:
+to Q1 (a tenant ahead of its share: to that lead's queue, ``MultiLevelQueue._top_level``)
+when its program's wait over its service (attained and committed:
 ``ProgramView.charged``) reaches the starvation bound, which
 follows the queues' programs taken together (``QueueSpec.starvation_bound`` over
 ``backlog_ratio``: docs/scheduling.md, "A starvation bound that follows the
@@ -93,11 +94,17 @@ class ProgramView(NamedTuple):
     committed: float = 0.0
     #: The service its program declared it will take (``ProcessTable.declared``; 0: none said).
     declared: float = 0.0
+    #: How far its tenant is ahead of its share (``TenantShares.lead``): part of ``committed``.
+    lead: float = 0.0
+    #: How much longer than others its program may wait for its service before it starves: its tenant's
+    #: weight's shortfall (``TenantShares.patience``; 1 without tenants).
+    patience: float = 1.0
 
     @property
     def charged(self) -> float:
-        """The anti-starvation denominator: attained and committed service."""
-        return self.service + self.committed
+        """The anti-starvation denominator: attained and committed service, times ``patience`` (a
+        tenant of a third of another's weight waits three times as long for its service, by design)."""
+        return (self.service + self.committed) * self.patience
 
 
 #: Looks a program up by id. Engines without a process table answer from the
@@ -471,6 +478,7 @@ class MultiLevelQueue:
         candidates = list(self._calls.values())
         views = ProgramViews(self._lookup)  # one lookup per program, not per call
         levels: dict[str, int] = {}  # the level of each program's priority, once per program
+        tops: dict[str, int] = {}  # the level anti-starvation lifts each program to (``_top_level``)
         # per program: its view's wait and charged service, and its key's backlog totals
         terms: dict[str, tuple[float, float]] = {}
         of_program: dict[str, list[Any]] = {}
@@ -506,18 +514,22 @@ class MultiLevelQueue:
             if not call.quantum_left > 0:
                 self._demote_spent(call)
                 moved.append(call)
-            elif places and call.steps == 0 and not call.promoted:
+            elif places and call.steps == 0:
                 # Not started yet: follow the program's priority as it moves, so all
                 # waiting calls of one program sit at one level (ATLAS's shared priority),
                 # each at the place its arrival gives it: at the tail, the calls that had
-                # waited would fall behind a sibling placed there on arrival.
-                level = levels.get(call.program_id)
-                if level is None:
-                    level = levels[call.program_id] = spec.level_for(views[call.program_id].priority)
+                # waited would fall behind a sibling placed there on arrival. A promoted
+                # call follows its tenant's lead (``_top_level``).
+                level = self._placed_level(call, levels, tops, views)
                 if level != call.level:
                     move(call, level, by_arrival=True)
                     moved.append(call)
             if check_starvation and call.level > 0:
+                top = tops.get(call.program_id)
+                if top is None:
+                    top = self._top_level(call.program_id, tops, views)
+                if call.level <= top:
+                    continue
                 program_wait, program_charged = terms[call.program_id]
                 wait = program_wait + call_wait
                 service = program_charged + call.model_time
@@ -525,11 +537,32 @@ class MultiLevelQueue:
                     call.wait_origin, call.model_time = now, 0.0
                     call.promoted = True
                     call.promotions += 1
-                    # Ahead of the calls that arrived after it: at Q1's tail, a
+                    # Ahead of the calls that arrived after it: at its top queue's tail, a
                     # promoted call would wait again behind every newcomer.
-                    move(call, 0, by_arrival=True)
+                    move(call, top, by_arrival=True)
                     moved.append(call)
         return moved
+
+    def _placed_level(self, call: QueuedCall, levels: dict[str, int], tops: dict[str, int],
+                      views: ProgramViews) -> int:
+        """Where a call not started yet belongs: its program's priority's queue (``levels``, once per
+        program), or, once promoted, its tenant's top queue (``_top_level``)."""
+        if call.promoted:
+            return self._top_level(call.program_id, tops, views)
+        level = levels.get(call.program_id)
+        if level is None:
+            level = levels[call.program_id] = self.spec.level_for(views[call.program_id].priority)
+        return level
+
+    def _top_level(self, program_id: str, tops: dict[str, int], views: ProgramViews) -> int:
+        """The queue anti-starvation lifts the program's calls to: Q1, or, when its tenant is ahead of
+        its share, the queue of that lead (``ProgramView.lead``): a starving program is lifted ahead of
+        its own tenant's, never past the tenants that are behind theirs."""
+        top = tops.get(program_id)
+        if top is None:
+            lead = views[program_id].lead
+            top = tops[program_id] = self.spec.level_for(lead) if lead > 0 and self.places_by_priority else 0
+        return top
 
     def spent(self) -> bool:
         """Has a call charged since the last rebalance used its queue's quantum (it is demoted there)?"""
@@ -556,16 +589,15 @@ class MultiLevelQueue:
         places = self.places_by_priority
         views = ProgramViews(self._lookup)
         levels: dict[str, int] = {}
+        tops: dict[str, int] = {}
         terms: dict[str, tuple[float, float, list[Any]]] = {}
         totals: dict[str, list[Any]] = {}
-        lifted: list[tuple[QueuedCall, float, float]] = []  # calls above Q1: (call, its wait, its service)
+        lifted: list[tuple[QueuedCall, float, float]] = []  # calls above their top: (call, its wait, its service)
         for call in self._calls.values():
             if not call.quantum_left > 0:
                 return clock
-            if places and call.steps == 0 and not call.promoted:
-                level = levels.get(call.program_id)
-                if level is None:
-                    level = levels[call.program_id] = spec.level_for(views[call.program_id].priority)
+            if places and call.steps == 0:
+                level = self._placed_level(call, levels, tops, views)
                 if level != call.level:
                     return clock
             if not check_starvation:
@@ -586,7 +618,11 @@ class MultiLevelQueue:
             total[1] += 2.0 * call.model_time
             total[3 if call.running else 2] += 1
             if call.level > 0:
-                lifted.append((call, term[0] + call_wait, term[1] + call.model_time))
+                top = tops.get(call.program_id)
+                if top is None:
+                    top = self._top_level(call.program_id, tops, views)
+                if call.level > top:
+                    lifted.append((call, term[0] + call_wait, term[1] + call.model_time))
         if not check_starvation:
             return math.inf
         lowest = min(_served_ratio(totals.values()), _ratio_floor(totals.values()))

@@ -29,6 +29,7 @@ from typing import Any
 
 from autellix.core.mlq import ProgramView
 from autellix.core.policies.base import Policy
+from autellix.core.tenant_shares import TenantShares
 
 #: How many recent calls ``ProcessTable.call_time`` follows.
 CALL_TIME_WINDOW = 20
@@ -82,7 +83,7 @@ class ProgramEntry:
     calls_aborted: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    #: Who may see or end it (the gateway's API-key identity); None = anyone.
+    #: Who may see or end it, and whose share it runs on (the gateway's API-key tenant); None = anyone.
     owner: str | None = None
     #: Created on first use of an agent session header rather than POST /v1/sessions.
     implicit: bool = False
@@ -164,6 +165,8 @@ class ProcessTable:
         #: any: what a program's declared tokens come to (``declared``).
         self._recent_model_time = 0.0
         self._recent_tokens = 0.0
+        #: Model time shared between the programs' tenants (``owner``) by weight.
+        self.tenants = TenantShares()
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -218,7 +221,10 @@ class ProcessTable:
         return stale
 
     def _left(self, entry: ProgramEntry) -> None:
-        """A member left its tree (its share stays in the root's totals); a root that left frees its members."""
+        """A member left its tree (its share stays in the root's totals); a root that left frees its members;
+        the calls it still had in flight leave its tenant's account unserved."""
+        for _ in entry.active:
+            self.tenants.call_ended(entry.owner, 0.0, entry.last_activity)
         root = self._programs.get(entry.root) if entry.root is not None else None
         if root is not None:
             root.members.discard(entry.program_id)
@@ -240,8 +246,9 @@ class ProcessTable:
     def view(self, program_id: str) -> ProgramView:
         """What the multi-level queue reads for placement and anti-starvation: the tree's totals,
         the service its calls in flight have committed it to, and the service its root declared
-        (``declared``), each a floor under its priority (``committed``: what the priority has over
-        the service)."""
+        (``declared``), each a floor under its priority, and its tenant's lead over its share
+        (``TenantShares.lead``) on top (``committed``: what the priority has over the service), and
+        how much longer than others it waits before anti-starvation lifts it (``TenantShares.patience``)."""
         root = self.tree_root(self[program_id])
         in_flight = self.in_flight(root)
         service = root.tree_service
@@ -251,8 +258,12 @@ class ProcessTable:
         declared = self.declared(root)
         if declared > priority:
             priority = declared
+        tenants = self.tenants
+        lead = tenants.lead(root.owner)
+        priority += lead
         return ProgramView(priority=priority, wait=root.tree_waiting, service=service,
-                           tree=root.program_id, committed=priority - service, declared=declared)
+                           tree=root.program_id, committed=priority - service, declared=declared, lead=lead,
+                           patience=tenants.patience(root.owner))
 
     # ---- declared sizes ---------------------------------------------------
     @property
@@ -324,6 +335,7 @@ class ProcessTable:
                           inherited_path=entry.critical_path)
         entry.active[call_id] = call
         entry.last_arrival = now
+        self.tenants.call_started(entry.owner, now)
         if engine is not None:
             entry.engines.add(engine)
         self._hold_round(entry)
@@ -352,6 +364,7 @@ class ProcessTable:
         entry = self[program_id]
         call = self._active(entry, call_id)
         del entry.active[call_id]
+        self.tenants.call_ended(entry.owner, model_time, now)
         self._time_call(model_time, completion_tokens)
         before = entry.service
         entry.service = self.policy.attained_service(entry.service, call.inherited, model_time)
@@ -386,6 +399,7 @@ class ProcessTable:
         entry = self[program_id]
         self._active(entry, call_id)
         del entry.active[call_id]
+        self.tenants.call_ended(entry.owner, 0.0, now)
         entry.waiting += max(wait, 0.0)
         root = self.tree_root(entry)
         if root is not entry:

@@ -32,6 +32,8 @@ from autellix.protocol import (
     XARG_DECLARED,
     XARG_PROGRAM,
     XARG_SERVICE,
+    XARG_TENANT,
+    XARG_TENANT_WEIGHT,
     XARG_THREAD,
     XARG_TREE,
     XARG_WAIT,
@@ -71,6 +73,9 @@ class CallIdentity:
     #: A rank set from outside the policy, in place of ``service``: the program's place in the queues
     #: is its latest call's, which may fall (the simulator's ``ProgramRanks``; no gateway sends one).
     rank: float | None = None
+    #: The program's tenant and its weight (``XARG_TENANT``): model time is shared between tenants by weight.
+    tenant: str | None = None
+    tenant_weight: float | None = None
 
     @classmethod
     def of(cls, request_id: str, extra_args: Mapping[str, Any] | None, session_id: str | None) -> CallIdentity:
@@ -89,11 +94,18 @@ class CallIdentity:
             wait=_number(extra.get(XARG_WAIT)),
             tree=_text(extra.get(XARG_TREE)),
             declared=_number(extra.get(XARG_DECLARED)),
+            tenant=_text(extra.get(XARG_TENANT)),
+            tenant_weight=_weight(extra.get(XARG_TENANT_WEIGHT)),
         )
 
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _weight(value: Any) -> float | None:
+    number = _number(value)
+    return number if number is not None and 0 < number < math.inf else None
 
 
 def _number(value: Any) -> float | None:
@@ -181,7 +193,9 @@ class CallPlanner:
     # ---- life of a call ------------------------------------------------------
     def arrive(self, call_id: str, who: CallIdentity, now: float) -> QueuedCall:
         self._table_changes += 1
-        entry = self.table.get(who.program_id) or self.table.start(who.program_id, now)
+        entry = self.table.get(who.program_id) or self.table.start(who.program_id, now, owner=who.tenant)
+        if who.tenant_weight is not None:
+            self.table.tenants.set_weight(entry.owner, who.tenant_weight)
         # The gateway's numbers cover every engine; ours cover calls that finished
         # here since. Both only grow, so the larger is the fresher.
         if who.rank is not None:

@@ -6,6 +6,8 @@ Nothing here is reachable on the tenants' port. Routes (``autellix.protocol``):
 * ``POST /admin/engines/drain`` and ``/undrain`` ``{"url": ...}``;
 * ``GET /admin/calls?limit=N``: the last calls and their attempts;
 * ``GET /admin/admission``: program admission (admitted and waiting programs, the limits now);
+* ``GET /admin/tenants``: the tenants' shares of model time (``autellix.core.TenantShares``): weight,
+  service, calls in flight, lead over the least-served active tenant, share of the last minute;
 * ``POST /admin/sessions {"tenant": NAME|null, "parent": ID|null}``: a session
   owned by that tenant (the operator opens an AgentProgram's session for the
   key its Job calls with, holding no tenant key itself), a subagent of the
@@ -20,6 +22,7 @@ keys.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,6 +44,7 @@ from autellix.protocol import (
     ADMIN_ENGINES_PATH,
     ADMIN_SESSION_ROUTE,
     ADMIN_SESSIONS_PATH,
+    ADMIN_TENANTS_PATH,
     ADMIN_UNDRAIN_PATH,
     EXPECTED_TOKENS_FIELD,
     SESSION_OBJECT,
@@ -159,6 +163,12 @@ async def admission(request: web.Request) -> web.Response:
     return json_answer({"enabled": gate is not None, **(gate.describe() if gate is not None else {})})
 
 
+async def tenants(request: web.Request) -> web.Response:
+    """The tenants' shares of model time, as this replica has served them."""
+    shares = request.app[ADMIN_GATEWAY].store.programs.tenants
+    return json_answer({"object": "list", "data": shares.describe(time.monotonic())})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return json_answer(admin_document())
 
@@ -172,7 +182,7 @@ def create_admin_app(gateway: Gateway, keys: KeyRing | None) -> web.Application:
                     web.post(ADMIN_UNDRAIN_PATH, _drain_handler(False)), web.get(ADMIN_CALLS_PATH, list_calls),
                     web.post(ADMIN_SESSIONS_PATH, open_session), web.get(ADMIN_SESSION_ROUTE, get_session),
                     web.delete(ADMIN_SESSION_ROUTE, end_session), web.get(ADMIN_ADMISSION_PATH, admission),
-                    web.get(OPENAPI_PATH, openapi)])
+                    web.get(ADMIN_TENANTS_PATH, tenants), web.get(OPENAPI_PATH, openapi)])
     return app
 
 

@@ -36,7 +36,13 @@ from autellix.gateway.engine_http import EngineHttp
 from autellix.gateway.engines import EnginePool, StaticDiscovery
 from autellix.gateway.heap import install_heap_trim
 from autellix.gateway.lifecycle import Lifecycle
-from autellix.gateway.metrics import AdmissionCollector, GatewayMetrics, MetricsObserver, ReplicaCounters
+from autellix.gateway.metrics import (
+    AdmissionCollector,
+    GatewayMetrics,
+    MetricsObserver,
+    ReplicaCounters,
+    TenantCollector,
+)
 from autellix.gateway.parts import Gateway, NoAdminListener, Service
 from autellix.gateway.routes import create_tenant_app
 from autellix.gateway.service_check import EngineServiceCheck
@@ -74,11 +80,14 @@ def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
     admin_keys = KeyRing(sources_from([config.admin_keys_file] if config.admin_keys_file else [], ENV_ADMIN_KEYS,
                                       os.environ))
     limiter = TenantLimiter(config.tenant_limits, config.per_tenant_limits)
+    weigh_tenants = lambda: programs.tenants.configure(tenant_keys.weights)  # noqa: E731
+    weigh_tenants()
     metrics = GatewayMetrics(lambda: [(e.waiting, e.service) for e in programs.programs()],
                              lambda: {engine_label(u): e.inflight for u, e in pool.engines.items()},
                              lambda: _breakers(pool))
     for collector in store.collectors():
         metrics.registry.register(collector)
+    metrics.registry.register(TenantCollector(programs.tenants))
     controller = RequestController(
         store=programs, engines=pool, backend=backend, balancer=balancer_from_config(sched),
         queues=policy.queues(sched), policy=policy, send_priority=config.engine_priority,
@@ -104,7 +113,7 @@ def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
         *([drains] if drains is not None else []),
         SessionExpiry(programs, sessions, limiter),
         *([gate] if gate is not None else []),
-        KeyReload({"tenant": tenant_keys, "admin": admin_keys}, config.keys_reload_interval),
+        KeyReload({"tenant": tenant_keys, "admin": admin_keys}, config.keys_reload_interval, weigh_tenants),
         *([listener] if listener is not None else []),
     ]
     gateway = Gateway(config=config, store=store, sessions=sessions, pool=pool, controller=controller, calls=calls,

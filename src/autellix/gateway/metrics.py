@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from autellix import protocol
 from autellix.control.admission import ProgramGate
 from autellix.control.recent import RecentIds
+from autellix.core import TenantShares
 from autellix.stats import jain_index
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -129,6 +130,29 @@ class AdmissionCollector(Collector):
                                   value=self.gate.held)
         yield CounterMetricFamily("autellix_programs_refused", "New programs refused (429): the queue full, "
                                   "or a sheddable class with no room", value=self.gate.refused)
+
+
+class TenantCollector(Collector):
+    """Tenants' shares of model time (``autellix.core.TenantShares``), read at scrape time: a share of the
+    engines is ``rate(autellix_tenant_service_seconds_total)`` over the sum of all tenants'."""
+
+    def __init__(self, shares: TenantShares) -> None:
+        self.shares = shares
+
+    def collect(self):
+        service = CounterMetricFamily("autellix_tenant_service_seconds", "Model time of the tenant's finished "
+                                      "calls served through this replica", labels=["tenant"])
+        weight = GaugeMetricFamily("autellix_tenant_weight", "The tenant's weight (its keys' weight=W)",
+                                   labels=["tenant"])
+        lead = GaugeMetricFamily("autellix_tenant_lead_seconds", "How far the tenant is ahead of the least-served "
+                                 "active tenant, in model seconds per unit of weight (times the lead's gain)",
+                                 labels=["tenant"])
+        for share in self.shares:
+            label = [share.name or "-"]
+            service.add_metric(label, share.service)
+            weight.add_metric(label, share.weight)
+            lead.add_metric(label, self.shares.lead(share.name or None))
+        yield from (service, weight, lead)
 
 
 class ReplicaCounters:

@@ -231,6 +231,9 @@ def admin_document() -> dict[str, Any]:
         wire.ADMIN_ADMISSION_PATH: {"get": {"summary": "program admission: admitted and waiting programs, limits",
                                             "responses": {"200": _json({"type": "object", "required": ["enabled"]},
                                                                        "admission"), **_errors(401)}}},
+        wire.ADMIN_TENANTS_PATH: {"get": {
+            "summary": "tenants' shares of model time: weight, service, lead, recent share",
+            "responses": {"200": _json(LIST, "tenants"), **_errors(401)}}},
         wire.ADMIN_CALLS_PATH: {"get": {"summary": "recent calls and their attempts", "parameters": [
             {"name": "limit", "in": "query", "required": False,
              "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from autellix.control import ProgramStore, Sessions
 from autellix.control.background import Repeating
@@ -48,14 +49,19 @@ class KeyReload(Periodic):
 
     name = "keys-reload"
 
-    def __init__(self, rings: dict[str, KeyRing], interval: float) -> None:
+    def __init__(self, rings: dict[str, KeyRing], interval: float,
+                 on_change: Callable[[], None] | None = None) -> None:
         super().__init__(interval)
         self.rings = rings
+        #: Called after a ring's keys or weights changed (the tenants' weights are applied there).
+        self.on_change = on_change
 
     async def tick(self) -> None:
         for name, ring in self.rings.items():
             if ring.refresh():
                 log.info("%s keys reloaded: %d keys", name, len(ring))
+                if self.on_change is not None:
+                    self.on_change()
             elif ring.last_error:
                 log.error("%s keys not reloaded, the previous ones stay: %s", name, ring.last_error)
 

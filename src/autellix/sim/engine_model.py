@@ -130,7 +130,8 @@ class EngineModel:
         if self.planner is not None:
             who = CallIdentity(program_id=seq.program, thread_id=request.thread_id, service=request.service,
                                wait=request.wait, tree=request.tree, rank=request.rank,
-                               declared=request.declared)
+                               declared=request.declared, tenant=request.tenant,
+                               tenant_weight=request.tenant_weight)
             seq.priority = self.planner.arrive(request.request_id, who, now).rank
         elif not self.priority_order:
             seq.priority = 0

@@ -31,6 +31,9 @@ class SimRequest:
     tree: str | None = None
     #: The model time the program declared it will take (``XARG_DECLARED``).
     declared: float | None = None
+    #: The program's tenant and its weight (``XARG_TENANT``).
+    tenant: str | None = None
+    tenant_weight: float | None = None
     #: A rank set from outside the policy (``autellix.sim.serving.ProgramRanks`` whose ``latest`` is
     #: True): the program's place in the queues is its latest call's, which may fall.
     rank: float | None = None

@@ -32,6 +32,8 @@ from autellix.protocol import (
     PRIORITY_FIELD,
     XARG_DECLARED,
     XARG_SERVICE,
+    XARG_TENANT,
+    XARG_TENANT_WEIGHT,
     XARG_TREE,
     XARG_WAIT,
     XARGS_FIELD,
@@ -288,7 +290,9 @@ class SimGateway:
             request = SimRequest(attempt.call_id, prompt, max_tokens, program_id=program_id if gateway else None,
                                  thread_id=thread, priority=priority, service=service,
                                  wait=xargs[XARG_WAIT] if gateway else None, tree=tree, rank=rank,
-                                 declared=xargs.get(XARG_DECLARED) if gateway else None, output=output)
+                                 declared=xargs.get(XARG_DECLARED) if gateway else None, output=output,
+                                 tenant=xargs.get(XARG_TENANT) if gateway else None,
+                                 tenant_weight=xargs.get(XARG_TENANT_WEIGHT) if gateway else None)
             engine = self.engines[attempt.engine]
             if engine.model.profile.call_overhead:  # the way in through HTTP and the API server
                 await asyncio.sleep(engine.model.profile.call_overhead)
@@ -343,8 +347,9 @@ class SimLLM:
         assert parent is not None
         self._opened = True
         now = asyncio.get_running_loop().time()
-        await self._gateway.store.open(self.program_id, now,
-                                       parent=parent.program_id if self._gateway.link_subagents else None)
+        store = self._gateway.store
+        await store.open(self.program_id, now, owner=store.entry(parent.program_id).owner,
+                         parent=parent.program_id if self._gateway.link_subagents else None)
         root = parent
         while root._parent is not None:
             root = root._parent
@@ -372,7 +377,7 @@ class SimLLM:
             self._inflight -= 1
             call.finished = loop.time()
         call.prompt_tokens, call.completion_tokens = outcome.prompt_tokens, outcome.output_tokens
-        call.queue_s = outcome.queue_time
+        call.queue_s, call.model_time = outcome.queue_time, outcome.model_time
         self._stat.tokens += outcome.output_tokens
         return reply
 
@@ -383,7 +388,8 @@ class SimLLM:
 def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System | str,
                       rate: float, seed: int, engines: int = 1, config: SchedulerConfig | None = None,
                       link_subagents: bool = True, ranks: ProgramRanks | None = None,
-                      declared: Mapping[str, int] | None = None) -> SimRun:
+                      declared: Mapping[str, int] | None = None,
+                      tenant_weights: Mapping[str, float] | None = None) -> SimRun:
     """Run ``programs`` with Poisson arrivals at ``rate`` against ``engines``
     modelled engines of ``profile`` serving ``system``; deterministic in ``seed``. ``link_subagents``: the
     programs' subagents are opened as such (off: as unrelated programs). The ``clairvoyant`` system runs the
@@ -391,7 +397,8 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     programs declare their sizes (``System.declared_error``: the first run says what they generate).
     ``ranks``: an order of programs set from outside the policy (``ProgramRanks``), for experiments;
     ``declared``: the tokens each program (by id) says at its opening it will generate in all
-    (``POST /v1/sessions``' ``expected_tokens``), for experiments."""
+    (``POST /v1/sessions``' ``expected_tokens``), for experiments; ``tenant_weights``: the weights of the
+    programs' tenants (``AgentProgram.tenant``; 1 where not named), as the gateway's keys set them."""
     if isinstance(system, str):
         if system not in SYSTEMS:
             raise ValueError(f"unknown system {system!r}; expected one of {', '.join(SYSTEMS)}")
@@ -401,7 +408,8 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     config = config or SchedulerConfig()
     if not system.two_pass:
         return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
-                         config=config, link_subagents=link_subagents, ranks=ranks, declared=declared)
+                         config=config, link_subagents=link_subagents, ranks=ranks, declared=declared,
+                         tenant_weights=tenant_weights)
     if ranks is not None or declared is not None:
         raise ValueError(f"the {system.name} system learns what its programs will do itself: no ranks or "
                          "declarations to give it")
@@ -412,7 +420,8 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
     if system.declared_error is not None:
         return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
                          config=config, link_subagents=link_subagents,
-                         declared=declarations(seen.tokens, system.declared_error, seed))
+                         declared=declarations(seen.tokens, system.declared_error, seed),
+                         tenant_weights=tenant_weights)
     return _simulate(programs, profile=profile, system=system, rate=rate, seed=seed, engines=engines,
                      config=config.with_overrides(boundaries=CLAIRVOYANT_LEVELS.boundaries,
                                                   quanta=CLAIRVOYANT_LEVELS.quanta, beta=CLAIRVOYANT_LEVELS.beta),
@@ -421,7 +430,8 @@ def simulate_programs(programs: Sequence[AgentProgram], *, profile: EngineProfil
 
 def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, system: System, rate: float, seed: int,
               engines: int, config: SchedulerConfig, link_subagents: bool,
-              ranks: ProgramRanks | None = None, declared: Mapping[str, int] | None = None) -> SimRun:
+              ranks: ProgramRanks | None = None, declared: Mapping[str, int] | None = None,
+              tenant_weights: Mapping[str, float] | None = None) -> SimRun:
     """One run of ``simulate_programs``."""
     if system.policy is not None and system.engine_scheduler == "autellix":
         config = config.with_overrides(policy=system.policy)
@@ -436,6 +446,7 @@ def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, syste
             profile, scheduler=system.engine_scheduler, config=config, prefix_caching=system.prefix_caching,
             chunked_prefill=system.chunked_prefill), loop) for i in range(engines)}
         gateway = SimGateway(system, config, pool, link_subagents=link_subagents, ranks=ranks)
+        gateway.store.tenants.configure(tenant_weights or {})
         holder["pool"], holder["gateway"] = pool, gateway
 
         async def one(program: AgentProgram) -> None:
@@ -443,7 +454,7 @@ def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, syste
             stats.append(stat)
             if gateway.admission is not None:  # its time waiting to be admitted counts in its latency
                 await gateway.admission.enter(program.program_id)
-            await gateway.store.open(program.program_id, loop.time())
+            await gateway.store.open(program.program_id, loop.time(), owner=program.tenant)
             if declared is not None and declared.get(program.program_id):
                 gateway.store.declare(program.program_id, declared[program.program_id])
             llm = SimLLM(gateway, stat, calls)

@@ -79,6 +79,9 @@ class AgentProgram:
     #: The tokens it will generate in all, when its plan fixes them (its calls' output budgets: ``bfcl``,
     #: ``tool-pause``): what a harness that knows its plan can declare (``autellix.control.size_hints``).
     expected_tokens: int | None = None
+    #: Whose program it is (an API key's tenant): engines are shared between tenants by weight
+    #: (``autellix.core.TenantShares``). None: one tenant for all.
+    tenant: str | None = None
 
 
 # --------------------------------------------------------------------------- helpers

@@ -42,6 +42,8 @@ class CallStat:
     #: vLLM's time from queued to the last token (queue, first token, generation), when
     #: reported: the call's latency less this is transport (client, gateway, API server).
     engine_s: float | None = None
+    #: The engine's model time for the call (the simulator's; None where the engine does not say).
+    model_time: float | None = None
 
 
 @dataclass
@@ -93,6 +95,17 @@ def per_program(result: RunResult) -> list[dict[str, Any]]:
     return [{"program": p.program_id, "workload": p.workload, "token_latency": p.token_latency, "tokens": p.tokens,
              "calls": p.calls, "seconds": p.finish - p.arrival, "refused": p.refused, "error": p.error}
             for p in sorted(result.programs, key=lambda p: p.arrival)]
+
+
+def steady_throughput(calls: Sequence[CallStat], share: float = 0.9) -> float:
+    """Generated tokens per second until ``share`` of them were generated: the last programs' tail, alone on
+    the engines, says nothing of how the engines were shared (0 when none was generated)."""
+    goal, done = share * sum(c.completion_tokens for c in calls), 0
+    for call in sorted(calls, key=lambda c: c.finished):
+        done += call.completion_tokens
+        if done and done >= goal:
+            return done / call.finished
+    return 0.0
 
 
 def summarize(result: RunResult) -> dict[str, Any]:

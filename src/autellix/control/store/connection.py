@@ -7,6 +7,8 @@ go over this one client. In Redis, under ``prefix``:
   marker (``autellix.control.store.redis_programs``);
 * ``response:{id}``: where a stored response lives (``autellix.control.store.responses``);
 * ``drained``: the engines drained on every replica (``autellix.control.store.drains``);
+* ``tenants``: each tenant's model time served through each replica (``TENANT|REPLICA``), from
+  which every replica reckons each tenant's share (``autellix.core.TenantShares``);
 * ``epoch``: a random id set by the first replica that finds none. A store that
   restarted empty has none (or a new one): that is how a replica tells a store
   that lost everything from one that was only out of reach;
@@ -39,6 +41,8 @@ class StoreKeys:
         self.prefix = prefix
         #: The keys there is one of.
         self.drained, self.epoch, self.recovering = (f"{prefix}{name}" for name in ("drained", "epoch", "recovering"))
+        #: Each tenant's model time by replica: field ``TENANT|REPLICA`` (``-`` for no tenant), seconds.
+        self.tenants = f"{prefix}tenants"
 
     def program(self, program_id: str) -> str:
         return f"{self.prefix}program:{program_id}"

@@ -60,7 +60,7 @@ from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
 from autellix.control.recent import RecentIds
-from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, ProgramView, UnknownProgram
+from autellix.core import ActiveCall, Policy, ProcessTable, ProgramEntry, ProgramView, TenantShares, UnknownProgram
 
 #: Ended ids remembered so that late calls get a clear 404: at most this many (about 200 bytes
 #: each), and each for ``ended_ttl`` seconds (``autellix.control.recent``).
@@ -113,6 +113,11 @@ class ProgramStore(Protocol):
 
     def view(self, program_id: str) -> ProgramView:
         """The program's standing as the queues read it: its tree's service and waiting."""
+        ...
+
+    @property
+    def tenants(self) -> TenantShares:
+        """The programs' tenants' shares of model time (``autellix.core.TenantShares``): this replica's calls."""
         ...
 
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
@@ -224,6 +229,10 @@ class MemoryProgramStore:
 
     def view(self, program_id: str) -> ProgramView:
         return self.table.view(program_id)
+
+    @property
+    def tenants(self) -> TenantShares:
+        return self.table.tenants
 
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
                      thread_id: str | None = None) -> ActiveCall:

@@ -92,6 +92,8 @@ from autellix.core import ActiveCall, DuplicateProgram, Policy, ProgramEntry
 log = logging.getLogger(__name__)
 
 DAY_S = 86_400.0
+#: Between a tenant's name and a replica's in the store's ``tenants`` fields (neither can hold it).
+TENANT_SEP = "|"
 
 
 class RedisProgramStore(MemoryProgramStore):
@@ -459,6 +461,31 @@ class RedisProgramStore(MemoryProgramStore):
                     await self.flush()
                 except STORE_ERRORS as exc:  # out of reach: keep serving from memory, write it later
                     self.health.unreachable("flush", exc)
+            if self.outage.up:
+                try:
+                    await self.exchange_tenants()
+                except STORE_ERRORS as exc:  # the shares go on from this replica's calls alone meanwhile
+                    self.health.unreachable("tenants", exc)
+
+    async def exchange_tenants(self) -> None:
+        """Tell the store each tenant's model time served here, and hear what the other replicas served:
+        the replicas' shares then follow every replica's calls (written as totals, so a retry counts once)."""
+        shares = self.tenants
+        ours = {f"{share.name or '-'}{TENANT_SEP}{self.replica_id}": share.service for share in shares
+                if share.service > 0}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if ours:
+                pipe.hset(self.keys.tenants, mapping=ours)
+                pipe.expire(self.keys.tenants, int(self.ended_ttl))
+            pipe.hgetall(self.keys.tenants)
+            replies = await pipe.execute()
+        elsewhere: dict[str, float] = {}
+        for field, seconds in replies[-1].items():
+            tenant, _, replica = field.rpartition(TENANT_SEP)
+            if replica != self.replica_id:
+                elsewhere[tenant] = elsewhere.get(tenant, 0.0) + float(seconds)
+        for tenant, seconds in elsewhere.items():
+            shares.served_elsewhere(None if tenant == "-" else tenant, seconds)
 
     # ---- the hot path: the local copies', and what it changes is written behind --------------
     def call_arrived(self, program_id: str, call_id: str, now: float, *,
