@@ -64,7 +64,7 @@ def simulate(programs: list[AgentProgram], system: str, seed: int, rate: float, 
 
 
 def throughput(run: SimRun) -> float:
-    return steady_throughput(run.result.calls)
+    return steady_throughput(run.result)
 
 
 SwarmTask = tuple[int, int, str, str, int]

@@ -136,7 +136,7 @@ XARG_TREE = "autellix_tree"
 #: The model time the program declared it will take (``autellix.core.ProcessTable.declared``; sent when said).
 XARG_DECLARED = "autellix_declared"
 #: The program's tenant and the tenant's weight (``autellix.core.TenantShares``; sent when the gateway has tenants).
-XARG_TENANT, XARG_TENANT_WEIGHT = "autellix_tenant", "autellix_tenant_weight"
+XARG_TENANT, XARG_TENANT_WEIGHT = "autellix_tenant", "autellix_weight"
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ def _owned(programs: list[AgentProgram], tenant: str | None) -> list[AgentProgra
 
 
 def _throughput(run: SimRun) -> float:
-    return steady_throughput(run.result.calls)
+    return steady_throughput(run.result)
 
 
 @needs_data

@@ -213,7 +213,8 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
                        engines: Sequence[str] = (), sessions: bool | None = None, stream: bool = True,
                        client_priority: bool = False, reply_tokens: Sequence[int] | None = None,
                        fairness_header: bool = False, declared: Mapping[str, int] | None = None,
-                       on_done: Callable[[ProgramStat], None] | None = None, api_key: str = "none") -> RunResult:
+                       on_done: Callable[[ProgramStat], None] | None = None, api_key: str = "none",
+                       tenant_keys: Mapping[str, str] | None = None) -> RunResult:
     """Start each program at its Poisson arrival time; wait for all to finish.
     ``client_priority``: each program sends its own bucketed token count as the
     calls' vLLM priority (``client-plas``; the engine must schedule by priority).
@@ -221,7 +222,9 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
     ``fairness_header``: each program names itself in llm-d's fairness header
     (``llmd-fairness``: the target is ``flow_control_proxy``).
     ``declared``: the tokens each program (by id) declares when it opens its session
-    (``expected_tokens``; ``autellix-declared``)."""
+    (``expected_tokens``; ``autellix-declared``).
+    ``tenant_keys``: each tenant's API key: a program whose ``tenant`` is named calls with its key, the
+    others with ``api_key``."""
     base = target.rstrip("/")
     if sessions is None:
         sessions = await uses_sessions(base)
@@ -229,9 +232,12 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
     calls: list[CallStat] = []
     stats: list[ProgramStat] = []
     before = await engine_counters(engines) if engines else None
-    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0, timeout=3600)
+    keys = {None: api_key, **(tenant_keys or {})}
+    clients = {key: openai.AsyncOpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600)
+               for key in set(keys.values())}
 
     async def one(program: AgentProgram, at: float) -> None:
+        client = clients[keys.get(program.tenant, api_key)]
         await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
         stat = ProgramStat(program.program_id, program.workload, time.monotonic())
         stats.append(stat)
@@ -260,7 +266,8 @@ async def run_programs(target: str, programs: Sequence[AgentProgram], *, rate: f
     try:
         await asyncio.gather(*(one(p, at) for p, at in zip(programs, arrivals, strict=True)))
     finally:
-        await client.close()
+        for client in clients.values():
+            await client.close()
     ended = time.monotonic()
     hit_rate = preemptions = None
     if before is not None:

@@ -140,14 +140,15 @@ DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 @contextlib.contextmanager
 def local_stack(system: System, settings: EngineSettings, log_dir: Path, isolate_cores: bool = False, *,
-                resettable: bool = False,
-                step_trace: Path | None = None) -> Iterator[tuple[str, str, CoreSplit | None]]:
+                resettable: bool = False, step_trace: Path | None = None,
+                gateway_args: Sequence[str] = ()) -> Iterator[tuple[str, str, CoreSplit | None]]:
     """Start the system's engine (and gateway); yield (target URL, engine URL,
     the core split). With ``isolate_cores`` the engine's model worker keeps its
     cores to itself and the API server, the gateway and this client run on the
     others (``autellix.engine.cores``). ``resettable``: the engine serves
     ``reset_prefix_cache`` (``empty_prefix_cache``). ``step_trace``: the engine
-    appends its steps to that file (``autellix.engine.step_trace``)."""
+    appends its steps to that file (``autellix.engine.step_trace``). ``gateway_args``: more of the
+    gateway's options (its keys: ``--api-keys-file``)."""
     config = settings.config_for(system)
     env = (DEV_MODE_ENV if resettable else {}) | ({ENV_TRACE: str(step_trace)} if step_trace else {})
     engine: EngineProcess = start_engine(free_port(), log_dir=log_dir, scheduler=system.engine_scheduler,
@@ -163,7 +164,7 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path, isolate
                 admission = ["--engine-slots", str(settings.max_num_seqs)] if system.admission else [
                     "--no-program-admission"]
                 target = stack.enter_context(gateway_process(
-                    [engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer), *admission,
+                    [engine.url], "--policy", system.policy, "--tokenizer", str(tokenizer), *admission, *gateway_args,
                     env=config.to_env(), log_path=log_dir / f"gateway-{system.name}.log"))
             elif system.flow_control:  # llm-d's flow control in front of the stock engine
                 port = free_port()

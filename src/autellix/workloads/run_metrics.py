@@ -97,14 +97,14 @@ def per_program(result: RunResult) -> list[dict[str, Any]]:
             for p in sorted(result.programs, key=lambda p: p.arrival)]
 
 
-def steady_throughput(calls: Sequence[CallStat], share: float = 0.9) -> float:
-    """Generated tokens per second until ``share`` of them were generated: the last programs' tail, alone on
-    the engines, says nothing of how the engines were shared (0 when none was generated)."""
-    goal, done = share * sum(c.completion_tokens for c in calls), 0
-    for call in sorted(calls, key=lambda c: c.finished):
+def steady_throughput(run: RunResult, share: float = 0.9) -> float:
+    """Generated tokens per second from the run's start until ``share`` of them were generated: the last
+    programs' tail, alone on the engines, says nothing of how the engines were shared (0 when none was)."""
+    goal, done = share * sum(c.completion_tokens for c in run.calls), 0
+    for call in sorted(run.calls, key=lambda c: c.finished):
         done += call.completion_tokens
         if done and done >= goal:
-            return done / call.finished
+            return done / (call.finished - run.started)
     return 0.0
 
 
