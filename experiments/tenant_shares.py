@@ -17,6 +17,10 @@ the same run without tenants (every program one tenant's: no shares). ``autellix
 weight a million (the most any share could do for it: what is left is the batch the swarm keeps full);
 ``llmd-fairness`` is llm-d's queue per program; ``vllm`` is bare vLLM.
 
+``--equal``: two tenants of equal weight running the same workload (every other program of 200 ``mixed`` at
+2/s, or ``bfcl`` at 8/s, 32 slots): the mean program token latency of all with shares over without, which
+should be 1: tenants alike have nothing to take from each other.
+
 Then ``--weights``: two tenants, each ``WEIGHTS_PROGRAMS`` ``bfcl`` programs arriving together on a
 32-slot engine, with the weights 3:1 (and 1:1): each tenant's model time over the contended interval
 (from the last tenant's first arrival until the first tenant has fewer programs live than the engine
@@ -111,6 +115,16 @@ def backlogged_until(stats: list[Any]) -> float:
     return until
 
 
+EQUAL_POINTS = (("mixed", 2.0), ("bfcl", 8.0))
+
+
+def equal_task(task: tuple[int, str, float, str]) -> tuple[tuple[int, str, float, str], float]:
+    seed, workload, rate, system = task
+    programs = [tenant(p, "a" if i % 2 == 0 else "b") for i, p in enumerate(make_programs(workload, 200, seed=seed))]
+    run = simulate(programs, system, seed, rate, WEIGHTS_SLOTS)
+    return task, statistics.mean(p.token_latency for p in run.result.programs)
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
@@ -123,11 +137,22 @@ def main() -> None:
     parser.add_argument("--lone", default=LONE_WORKLOAD, help="the lone agent's workload")
     parser.add_argument("--slots", type=int, default=SWARM_SLOTS, help="the engine's slots in the swarm runs")
     parser.add_argument("--weights", action="store_true", help="the weights' split instead")
+    parser.add_argument("--equal", action="store_true", help="two tenants alike instead")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     systems = args.systems.split(",")
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        if args.equal:
+            means = dict(pool.map(equal_task, [(seed, w, r, system) for seed in seeds for w, r in EQUAL_POINTS
+                                               for system in ("autellix", "autellix-one-tenant")]))
+            print("| workload | mean token latency, shares over none (mean, min-max over seeds) |")
+            print("|---|---|")
+            for workload, rate in EQUAL_POINTS:
+                ratios = [means[(s, workload, rate, "autellix")] / means[(s, workload, rate, "autellix-one-tenant")]
+                          for s in seeds]
+                print(f"| {workload} {rate:g}/s | {spread(ratios)} |")
+            return
         if args.weights:
             systems = [s for s in systems if s != "lone-first"]  # no lone tenant here
             runs: dict[Any, dict[str, float]] = dict(pool.map(weights_task, [
