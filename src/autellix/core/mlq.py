@@ -525,9 +525,7 @@ class MultiLevelQueue:
                     move(call, level, by_arrival=True)
                     moved.append(call)
             if check_starvation and call.level > 0:
-                top = tops.get(call.program_id)
-                if top is None:
-                    top = self._top_level(call.program_id, tops, views)
+                top = self._top_level(call.program_id, tops, views)
                 if call.level <= top:
                     continue
                 program_wait, program_charged = terms[call.program_id]
@@ -617,12 +615,8 @@ class MultiLevelQueue:
             total[0] += call_wait
             total[1] += 2.0 * call.model_time
             total[3 if call.running else 2] += 1
-            if call.level > 0:
-                top = tops.get(call.program_id)
-                if top is None:
-                    top = self._top_level(call.program_id, tops, views)
-                if call.level > top:
-                    lifted.append((call, term[0] + call_wait, term[1] + call.model_time))
+            if call.level > 0 and call.level > self._top_level(call.program_id, tops, views):
+                lifted.append((call, term[0] + call_wait, term[1] + call.model_time))
         if not check_starvation:
             return math.inf
         lowest = min(_served_ratio(totals.values()), _ratio_floor(totals.values()))

@@ -40,8 +40,7 @@ DEFAULT_WEIGHT = 1.0
 #: What a second of lead weighs against a second of a program's own priority. A tenant's one program
 #: ranks by its own service, which is its tenant's too: at a gain of 1, such a program that could
 #: use the whole engine held only a third of it against another tenant's swarm of fresh programs
-#: (both count the lone tenant's service), at 4 it holds 4/9, within 1.03x of its half's latency
-#: (experiments/tenant_shares.py).
+#: (both count the lone tenant's service), at 4 it holds about 4/9 (experiments/tenant_shares.py).
 LEAD_GAIN = 4.0
 
 
@@ -89,8 +88,7 @@ class TenantShares:
     def account(self, tenant: str | None) -> TenantShare:
         share = self._tenants.get(tenant)
         if share is None:
-            weight = self._configured.get(tenant, DEFAULT_WEIGHT) if tenant is not None else DEFAULT_WEIGHT
-            share = self._tenants[tenant] = TenantShare(name=tenant or "", weight=weight)
+            share = self._tenants[tenant] = TenantShare(name=tenant or "", weight=self._configured_weight(tenant))
             if len(self._tenants) > self.max_tenants:
                 self._forget_idle(keep=tenant)
         return share
@@ -107,13 +105,14 @@ class TenantShares:
         self._configured = {tenant: _checked(weight) for tenant, weight in weights.items()}
         for tenant, share in self._tenants.items():
             if tenant is not None:
-                share.weight = self._configured.get(tenant, DEFAULT_WEIGHT)
+                share.weight = self._configured_weight(tenant)
         self._heaviest = None
 
     def weight(self, tenant: str | None) -> float:
         share = self._tenants.get(tenant)
-        if share is not None:
-            return share.weight
+        return share.weight if share is not None else self._configured_weight(tenant)
+
+    def _configured_weight(self, tenant: str | None) -> float:
         return self._configured.get(tenant, DEFAULT_WEIGHT) if tenant is not None else DEFAULT_WEIGHT
 
     # ---- calls -------------------------------------------------------------------
@@ -186,17 +185,14 @@ class TenantShares:
             self._heaviest = max(self._tenants[t].weight for t in self._active)
         return self._heaviest / self._tenants[tenant].weight
 
-    def recent_share(self, tenant: str | None, now: float) -> float:
-        """The tenant's part of all tenants' model time over about the last ``half_life_s``."""
-        share = self._tenants.get(tenant)
-        total = sum(self._recent(s, now) for s in self._tenants.values())
-        return self._recent(share, now) / total if share is not None and total > 0 else 0.0
-
     def describe(self, now: float) -> list[dict[str, object]]:
-        """Every tenant's account, JSON-friendly (the gateway's ``GET /admin/tenants``), by name."""
+        """Every tenant's account, JSON-friendly (the gateway's ``GET /admin/tenants``), by name, with its
+        part of all tenants' model time over about the last ``half_life_s`` (``recent_share``)."""
+        recent = {tenant: self._recent(share, now) for tenant, share in self._tenants.items()}
+        total = sum(recent.values())
         return [{"tenant": share.name or None, "weight": share.weight, "service": share.service,
                  "service_elsewhere": share.elsewhere, "calls_in_flight": share.in_flight, "lead": self.lead(tenant),
-                 "recent_share": self.recent_share(tenant, now)}
+                 "recent_share": recent[tenant] / total if total > 0 else 0.0}
                 for tenant, share in sorted(self._tenants.items(), key=lambda item: item[1].name)]
 
     def _recent(self, share: TenantShare, now: float) -> float:
