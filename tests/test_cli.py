@@ -28,13 +28,13 @@ needs_data = pytest.mark.skipif(not workloads_available(), reason="workload data
 
 #: The scheduler options of each command that takes some (the CLI's, unchanged by the move to cli/).
 EXPOSED = {
-    "autellix gateway": {"policy", "beta", "backlog_factor", "balancer"},
+    "autellix gateway": {"policy", "beta", "backlog_factor", "balancer", "cached_tokens_per_call"},
     "autellix up": {"policy"},
     "autellix engine": {"policy", "beta", "backlog_factor", "quanta", "boundaries", "multi_step", "max_preemptions"},
     "autellix emulate": {"policy"},
     "autellix sim": {"boundaries", "quanta", "beta", "backlog_factor", "balancer", "max_preemptions"},
     "autellix bench sweep": {"beta", "backlog_factor", "quanta", "boundaries", "max_preemptions"},
-    "autellix epp": {"policy", "beta", "backlog_factor", "balancer"},
+    "autellix epp": {"policy", "beta", "backlog_factor", "balancer", "cached_tokens_per_call"},
 }
 
 
@@ -52,7 +52,7 @@ def test_every_scheduler_field_has_its_option_text_and_type() -> None:
     # lists (queue boundaries, quanta) as comma-separated text, which SchedulerConfig parses
     assert {name: option_type(name) for name in FIELDS} == {
         "policy": str, "boundaries": str, "quanta": str, "beta": float, "backlog_factor": float, "balancer": str,
-        "long_prompt_tokens": int,
+        "long_prompt_tokens": int, "cached_tokens_per_call": int,
         "program_idle_ttl": float, "multi_step": int, "max_preemptions": int}
     assert option_help("beta") == "Anti-starvation ratio, inf disables (default: $AUTELLIX_BETA)"
 

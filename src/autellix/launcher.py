@@ -81,11 +81,11 @@ def _start_and_serve(console: Console, reaper: GroupReaper, started: list[Engine
 
         serve_mesh([e.url for e in started], gateways, port=port,
                    gateway_env={**scheduler_config.to_env(), ENGINE_TOKEN_ENV: token},
-                   gateway_args=["--tokenizer", str(model_dir / "tokenizer.json")], store_url=store,
+                   gateway_args=["--tokenizer", str(model_dir)], store_url=store,
                    print_fn=console.print)
         return
     config = GatewayConfig(engines=[e.url for e in started], scheduler=scheduler_config,
-                           tokenizer=model_dir / "tokenizer.json", engine_token=token,
+                           tokenizer=model_dir, engine_token=token,
                            admin_port=port + 1)  # the admin listener, on loopback like the rest
     console.print(f"admin (engines, drain, calls): http://127.0.0.1:{port + 1}{ADMIN_ENGINES_PATH}")
     serve(config, "127.0.0.1", port, print_fn=lambda *_: None)  # its own signal handling: a drain, then back here

@@ -181,6 +181,15 @@ class SchedulingFields:
 FEEDBACK_PREFIX = "/autellix/v1/"
 #: ``GET``: the plugin's scheduler and parameters; 404 when no Autellix scheduler runs.
 FEEDBACK_INFO_PATH = FEEDBACK_PREFIX + "info"
+#: The info's description of the engine's KV cache events (``autellix.engine.kv_events.describe``): where vLLM
+#: publishes them (``endpoint``, ``replay_endpoint``, ``topic``) and how it names blocks (``block_size``,
+#: ``hash_algorithm``, ``hash_seed``); absent or null when it publishes none.
+INFO_KV_EVENTS = "kv_events"
+#: A pod's engine publishes its KV cache events on this TCP port, their replay on the next.
+KV_EVENTS_PORT = 5557
+#: ``GET``: the files the engine tokenizes with, ``{"tokenizer_json": TEXT, "tokenizer_config": {...}}``, so that
+#: a gateway without the model can hash prompts as the engine does; 404 when the engine does not describe them.
+FEEDBACK_TOKENIZER_PATH = FEEDBACK_PREFIX + "tokenizer"
 #: ``GET FEEDBACK_CALLS_PATH + call_id + "?wait=S"``: a finished call's record, read once.
 FEEDBACK_CALLS_PATH = FEEDBACK_PREFIX + "calls/"
 #: The same route with its parameter, for routers that name it.
@@ -341,9 +350,12 @@ __all__ = [
     "FEEDBACK_MAX_WAIT_S",
     "FEEDBACK_PREFIX",
     "FEEDBACK_PROGRAMS_PATH",
+    "FEEDBACK_TOKENIZER_PATH",
     "FEEDBACK_WAIT_PARAM",
     "HEALTH_PATH",
     "IMPLICIT_SESSION_HEADERS",
+    "INFO_KV_EVENTS",
+    "KV_EVENTS_PORT",
     "MAX_ID_LENGTH",
     "MAX_PRIORITY_CLASS",
     "MESSAGES_COUNT_TOKENS_PATH",

@@ -27,6 +27,7 @@ from autellix.core import SchedulerConfig
 from autellix.gateway.metrics import GatewayMetrics
 from autellix.kube.manifests import engine_deployment
 from autellix.kube.spec import DEFAULT_ENGINE_GPU_IMAGE, DEFAULT_ENGINE_IMAGE, parse_engine
+from autellix.protocol import KV_EVENTS_PORT
 from autellix_lab.operator_rights import OPERATOR_RULES
 from tests.chart.kube_binaries import helm_env
 
@@ -681,12 +682,16 @@ def test_only_gateways_reach_engines_and_only_the_operator_the_admin_port(
     engine_pods = parse_engine({"model": {"name": "m", "source": {"hub": "org/m"}}})
     made = engine_deployment("e", NAMESPACE, "uid", engine_pods)["spec"]["template"]["metadata"]["labels"]
     assert engines["spec"]["podSelector"]["matchLabels"].items() <= made.items()
-    [rule] = engines["spec"]["ingress"]
-    [peer] = rule["from"]
-    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
-    assert peer["podSelector"]["matchLabels"].items() <= gateway_pods.items()
-    assert not peer["podSelector"]["matchLabels"].items() <= operator_pods.items()
+    rule, events = engines["spec"]["ingress"]
+    for each in (rule, events):
+        [peer] = each["from"]
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+        assert peer["podSelector"]["matchLabels"].items() <= gateway_pods.items()
+        assert not peer["podSelector"]["matchLabels"].items() <= operator_pods.items()
     assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    # the KV cache events (prompts' token ids) and their replay: the gateways alone
+    assert events["ports"] == [{"port": KV_EVENTS_PORT, "protocol": "TCP"},
+                               {"port": KV_EVENTS_PORT + 1, "protocol": "TCP"}]
 
     gateway = one(docs, "NetworkPolicy", "-gateway")
     tenants, admin = gateway["spec"]["ingress"]

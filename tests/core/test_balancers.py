@@ -68,3 +68,35 @@ def test_baselines():
     lu = LeastUsedBalancer()
     assert lu.choose({"a": 3, "b": 2}, prompt_tokens=99999, pinned="a") == ("b", "a")
     assert isinstance(balancer_from_config(SchedulerConfig(balancer="round_robin")), RoundRobinBalancer)
+
+
+def test_an_unpinned_call_goes_where_its_prefix_is_until_load_outweighs_it():
+    lb = LocalityBalancer(long_prompt_tokens=2048, cached_tokens_per_call=1000)
+    # 3000 cached tokens weigh as 3 calls: e2 (load 4 - 3) beats e1 (load 2)
+    first = lb.choose({"e1": 2, "e2": 4}, prompt_tokens=6000, pinned=None, cached={"e2": 3000})
+    assert first == ("e2", "e2")
+    # ...but not at load 6 (6 - 3 > 2): the least loaded engine, pinned there
+    assert lb.choose({"e1": 2, "e2": 6}, prompt_tokens=6000, pinned=None, cached={"e2": 3000}) == ("e1", "e1")
+    # a short call keeps its program's pin and goes where it is cheapest
+    assert lb.choose({"e1": 2, "e2": 4}, prompt_tokens=100, pinned="e1", cached={"e2": 3000}) == ("e2", "e1")
+
+
+def test_a_pinned_long_call_stays_and_no_index_is_the_papers_rule():
+    lb = LocalityBalancer(long_prompt_tokens=2048, cached_tokens_per_call=1000)
+    assert lb.choose({"e1": 9, "e2": 0}, prompt_tokens=6000, pinned="e1", cached={"e2": 6000}) == ("e1", "e1")
+    off = LocalityBalancer(long_prompt_tokens=2048, cached_tokens_per_call=0)
+    assert off.choose({"e1": 2, "e2": 1}, prompt_tokens=6000, pinned=None, cached={"e1": 6000}) == ("e2", "e2")
+    assert lb.choose({"e1": 2, "e2": 1}, prompt_tokens=6000, pinned=None) == ("e2", "e2")
+
+
+def test_llm_d_prefix_rule_scores_prefix_share_and_relative_queue():
+    lb = balancer_from_config(SchedulerConfig(balancer="prefix_score"))
+    # all of the prompt cached on the busiest engine: 3 x 1 + 2 x 0 = 3 beats 0 + 2 x 1 = 2
+    assert lb.choose({"e1": 1, "e2": 9}, prompt_tokens=100, pinned=None, cached={"e2": 100}).engine == "e2"
+    # a third of it: 1 + 0 loses to 2
+    assert lb.choose({"e1": 1, "e2": 9}, prompt_tokens=300, pinned=None, cached={"e2": 100}).engine == "e1"
+    # equal loads: the prefix decides; nothing cached anywhere: the least loaded, then the name
+    assert lb.choose({"e1": 3, "e2": 3}, prompt_tokens=300, pinned=None, cached={"e2": 100}).engine == "e2"
+    assert lb.choose({"e2": 3, "e1": 3}, prompt_tokens=300, pinned="e2").engine == "e1"
+    with pytest.raises(NoEngine):
+        lb.choose({}, prompt_tokens=1, pinned=None)

@@ -31,7 +31,12 @@ def epp(
         min=0.001, help="Seconds from a call's body to its routing answer; then 503")] = 10.0,
     overrides: options.SchedulerOverrides = options.NO_OVERRIDES,
     backend: Annotated[str, typer.Option(help=f"The engines' kind: {one_of(BACKENDS)}")] = DEFAULT_BACKEND,
-    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json for exact prompt lengths")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="The model's tokenizer.json for exact prompt lengths, or its folder: with a chat template there, "
+             "Chat Completions prompts are also looked up in the engines' KV cache events")] = None,
+    kv_index: Annotated[bool, typer.Option(
+        help="Route by what the engines hold: follow the KV cache events of engines that publish them "
+             "(needs --tokenizer as a model folder)")] = True,
     store: Annotated[str | None, typer.Option(
         envvar="AUTELLIX_STORE", help="Program store shared with other pickers and gateways, redis://HOST:PORT/DB; "
                                       "default: in memory")] = None,
@@ -58,7 +63,8 @@ def epp(
             endpoint_of(url)
     except NotAnEndpoint as exc:
         raise fail(str(exc)) from None
-    gateway = GatewayConfig(engines=urls, scheduler=overrides.config(), tokenizer=tokenizer, discovery=source,
+    gateway = GatewayConfig(engines=urls, scheduler=overrides.config(), tokenizer=tokenizer, kv_index=kv_index,
+                            discovery=source,
                             backend=backend, **access.listeners(), tenant_limits=access.limits(),
                             max_body_bytes=max_body_bytes, max_n=max_n, max_tokens=max_tokens, store_url=store)
     try:

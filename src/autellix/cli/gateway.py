@@ -22,7 +22,12 @@ def gateway(
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
     overrides: options.SchedulerOverrides = options.NO_OVERRIDES,
     backend: Annotated[str, typer.Option(help=f"The engines' kind: {one_of(BACKENDS)}")] = DEFAULT_BACKEND,
-    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer.json for exact prompt lengths")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="The model's tokenizer.json for exact prompt lengths, or its folder: with a chat template there, "
+             "Chat Completions prompts are also looked up in the engines' KV cache events")] = None,
+    kv_index: Annotated[bool, typer.Option(
+        help="Route by what the engines hold: follow the KV cache events of engines that publish them "
+             "(needs --tokenizer as a model folder; docs/gateway.md, 'KV event index')")] = True,
     access: options.AccessOptions = options.NO_ACCESS,
     tenant_tpm: Annotated[float | None, typer.Option(
         min=1, help="Tokens (prompt + output) a minute, per tenant")] = None,
@@ -70,7 +75,7 @@ def gateway(
         if not name or not count.isdigit() or int(count) < 1:
             raise fail(f"--tenant-concurrency: expected TENANT=N (N >= 1), got {item!r}")
         per_tenant[name] = dataclasses.replace(limits, max_concurrent=int(count))
-    config = GatewayConfig(engines=urls, scheduler=overrides.config(), tokenizer=tokenizer,
+    config = GatewayConfig(engines=urls, scheduler=overrides.config(), tokenizer=tokenizer, kv_index=kv_index,
                            max_body_bytes=max_body_bytes, discovery=source,
                            stream_header_timeout=stream_header_timeout, backend=backend, **access.listeners(),
                            tenant_limits=limits, per_tenant_limits=per_tenant, max_n=max_n, max_tokens=max_tokens,

@@ -47,12 +47,14 @@ HELP: dict[str, str] = {
     "backlog_factor": "Promote a program that waits this many times longer than the backlog's programs (>= 1)",
     "balancer": one_of(BALANCERS),
     "long_prompt_tokens": "Calls with more prompt tokens than this stick to their program's engine",
+    "cached_tokens_per_call": "Algorithm 2: prompt tokens an engine holds that weigh as one call in flight "
+                              "(the KV event index; 0: least load alone)",
     "program_idle_ttl": "Seconds without a call after which a program is dropped",
     "multi_step": "Re-plan the queues every N steps",
     "max_preemptions": "Engine: running calls preempted per step for better-ranked waiting ones (0: never)",
 }
 #: Lower bounds the option checks itself (SchedulerConfig checks the rest).
-MIN: dict[str, int] = {"multi_step": 1, "max_preemptions": 0}
+MIN: dict[str, int] = {"multi_step": 1, "max_preemptions": 0, "cached_tokens_per_call": 0}
 #: Where a value not given comes from for the commands that start from ``SchedulerConfig.from_env()``.
 FROM_ENV = "$AUTELLIX_{NAME}"
 
@@ -239,7 +241,7 @@ class EngineOptions:
 
 
 #: The scheduler options of the commands that run the gateway's parts (``autellix gateway``, ``autellix epp``).
-GATEWAY_SCHEDULER_OPTIONS = ("policy", "beta", "backlog_factor", "balancer")
+GATEWAY_SCHEDULER_OPTIONS = ("policy", "beta", "backlog_factor", "balancer", "cached_tokens_per_call")
 
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]

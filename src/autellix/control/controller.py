@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -33,7 +33,7 @@ from autellix.backends.base import CallOutcome, EngineBackend
 from autellix.control.ids import UniqueIds
 from autellix.control.sessions import CallOwner
 from autellix.control.store.programs import ProgramStore
-from autellix.core import Balancer, NoEngine, Policy, QueueSpec
+from autellix.core import NOTHING_CACHED, Balancer, NoEngine, Policy, PrefixIndex, QueueSpec
 from autellix.protocol import APIError, CallRecord, SchedulingFields
 
 log = logging.getLogger("autellix.control")
@@ -124,6 +124,10 @@ class CallSpec:
     allowed_engines: Collection[str] | None = None
     #: The tokens the call's program says it will generate in all (``autellix.control.hints``; 0: none said).
     declared_tokens: int = 0
+    #: The prompt's KV block hashes as its engines name them (``core.VllmBlockHasher``), for the controller's
+    #: KV event index: computed only when the balancer weighs them (empty: not known for this prompt); None:
+    #: the call is not looked up.
+    prompt_blocks: Callable[[], Sequence[int]] | None = None
 
 
 @dataclass(slots=True)
@@ -220,8 +224,11 @@ class RequestController:
                  observer: ControllerObserver | None = None, rng: random.Random | None = None,
                  call_ids: Callable[[], str] | None = None,
                  on_program_left: Callable[[Any, float], None] | None = None,
-                 on_call_done: Callable[[str, int], None] | None = None) -> None:
+                 on_call_done: Callable[[str, int], None] | None = None,
+                 kv_index: PrefixIndex | None = None) -> None:
         self.store, self.engines, self.backend = store, engines, backend
+        #: Which engine holds which KV blocks (their KV events); None: routing does not look.
+        self.kv_index = kv_index
         self.balancer, self.queues = balancer, queues
         self.policy = policy or store.policy
         self.send_priority = send_priority
@@ -268,6 +275,7 @@ class RequestController:
         journal = CallLog(call_id, program_id, spec.model)
         self.recent.append(journal)
         state = _Settlement(self, program_id, call_id, start)
+        cached = _CachedPrefix(self, spec)
         try:
             tried: set[str] = set()
             for number in range(1, self.retry.max_attempts + 1):
@@ -278,8 +286,9 @@ class RequestController:
                         journal.result = "no_engine"
                         raise NoAllowedEngine(spec.allowed_engines)
                 try:
-                    route = self.balancer.choose(loads, prompt_tokens=spec.prompt_tokens,
-                                                 pinned=self.store.pinned(program_id, spec.model))
+                    pinned = self.store.pinned(program_id, spec.model)
+                    route = self.balancer.choose(loads, prompt_tokens=spec.prompt_tokens, pinned=pinned,
+                                                 cached=cached.of(loads, pinned))
                 except NoEngine:
                     journal.result = "no_engine" if not tried else "failed"
                     raise no_engine(spec.model) from None
@@ -334,6 +343,24 @@ class RequestController:
                     ended = await self.store.end(program_id, remember=False)
                     if ended is not None and self.on_program_left is not None:
                         self.on_program_left(ended, self.clock())
+
+
+class _CachedPrefix:
+    """What each engine holds of one call's prompt, from the controller's KV event index: its block hashes
+    computed once, and only when the balancer weighs them."""
+
+    def __init__(self, controller: RequestController, spec: CallSpec) -> None:
+        self.index, self.balancer, self.spec = controller.kv_index, controller.balancer, spec
+        self._blocks: Sequence[int] | None = None
+
+    def of(self, loads: Mapping[str, float], pinned: str | None) -> Mapping[str, int]:
+        spec = self.spec
+        if self.index is None or spec.prompt_blocks is None or not self.balancer.weighs_cache(
+                prompt_tokens=spec.prompt_tokens, pinned=pinned if pinned in loads else None):
+            return NOTHING_CACHED
+        if self._blocks is None:
+            self._blocks = spec.prompt_blocks()
+        return self.index.cached_tokens(self._blocks, loads) if self._blocks else NOTHING_CACHED
 
 
 class _Settlement:

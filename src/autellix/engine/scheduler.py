@@ -58,8 +58,10 @@ from autellix.engine.kv.retention import (
     RetainingKVCacheManager,
     retention_enabled,
 )
+from autellix.engine.kv_events import describe as describe_kv_events
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.engine.step_trace import StepTrace
+from autellix.protocol import INFO_KV_EVENTS
 
 log = logging.getLogger("autellix.engine.scheduler")
 
@@ -130,7 +132,9 @@ class AutellixScheduler(TracedScheduler):
         if self.feedback is not None:
             self.feedback.publish("hello", {"scheduler": "autellix", "pid": os.getpid(),
                                             "config": self.autellix_config.to_mapping(),
-                                            "max_num_seqs": self.max_num_running_reqs})
+                                            "max_num_seqs": self.max_num_running_reqs,
+                                            INFO_KV_EVENTS: describe_kv_events(
+                                                self.vllm_config, manager.block_pool.hash_block_size)})
         log.info("Autellix scheduler: %s", self.autellix_config.to_mapping())
 
     def _now(self) -> float:

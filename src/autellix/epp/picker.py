@@ -197,7 +197,7 @@ class Picker:
                 spec = CallSpec(path=dialect.engine_path, body=checked, model=model, owner=owner, stream=stream,
                                 prompt_tokens=await calls.prompt_tokens(dialect, checked), received=received,
                                 stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed,
-                                declared_tokens=declared)
+                                declared_tokens=declared, prompt_blocks=calls.blocks(dialect, checked))
                 relay.prompt_tokens = spec.prompt_tokens
                 await gateway.controller.call(spec, relay.send)
         except TimeoutError:

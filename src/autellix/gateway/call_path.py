@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -30,6 +30,7 @@ from autellix.gateway.dialects import Dialect
 from autellix.gateway.engine_http import EngineHttp
 from autellix.gateway.engines import EnginePool
 from autellix.gateway.errors import not_found, unavailable
+from autellix.gateway.prompt_blocks import PromptBlocks
 from autellix.gateway.tokens import Counter, estimate_tokens
 from autellix.gateway.upstream import open_upstream, relay_stream, relay_whole
 from autellix.protocol import CALL_HEADER
@@ -101,9 +102,12 @@ class CallPath:
     """Runs calls: admission, the program, the controller's attempts, each sent and relayed here."""
 
     def __init__(self, *, config: GatewayConfig, controller: RequestController, pool: EnginePool,
-                 slots: TenantSlots, backend: EngineBackend, http: EngineHttp, count_tokens: Counter) -> None:
+                 slots: TenantSlots, backend: EngineBackend, http: EngineHttp, count_tokens: Counter,
+                 prompt_blocks: PromptBlocks | None = None) -> None:
         self.config, self.controller, self.pool, self.slots = config, controller, pool, slots
         self.backend, self.http, self.count_tokens = backend, http, count_tokens
+        #: A call's KV block hashes for the KV event index (None: routing does not look them up).
+        self.prompt_blocks = prompt_blocks
         #: An attempt's connect, read and total bounds, streamed (True) and whole (False).
         self._timeouts = {stream: aiohttp.ClientTimeout(
             total=config.attempt_timeout, sock_connect=config.connect_timeout,
@@ -116,6 +120,13 @@ class CallPath:
         if len(text) <= INLINE_TOKENIZE_CHARS or self.count_tokens is estimate_tokens:
             return self.count_tokens(text)
         return await asyncio.to_thread(self.count_tokens, text)
+
+    def blocks(self, dialect: Dialect, body: Mapping[str, Any]) -> Callable[[], Sequence[int]] | None:
+        """The prompt's KV block hashes for the KV event index, computed when the balancer asks (None: no index)."""
+        blocks = self.prompt_blocks
+        if blocks is None:
+            return None
+        return lambda: blocks.of(dialect.engine_path, body)
 
     def check_model(self, model: str) -> None:
         """503 while no engine takes calls; 404 for a model no healthy engine serves."""
@@ -140,7 +151,7 @@ class CallPath:
             spec = CallSpec(path=dialect.engine_path, body=body, model=model, owner=owner, stream=stream,
                             prompt_tokens=await self.prompt_tokens(dialect, body), received=received,
                             stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed_engines,
-                            declared_tokens=declared)
+                            declared_tokens=declared, prompt_blocks=self.blocks(dialect, body))
             used.prompt = spec.prompt_tokens
 
             async def send(attempt: Attempt[Any]) -> web.StreamResponse:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -27,7 +29,7 @@ from autellix.control.keys import ENV_ADMIN_KEYS, ENV_API_KEYS, KeyRing, sources
 from autellix.control.limits import TenantLimiter
 from autellix.control.standing import TenantStanding
 from autellix.control.store.base import GatewayStore, open_store
-from autellix.core import balancer_from_config, policy_by_name
+from autellix.core import PrefixIndex, balancer_from_config, policy_by_name, reads_cache
 from autellix.core.admission import ProgramAdmission
 from autellix.gateway.admin import AdminListener
 from autellix.gateway.call_path import CallPath, TenantSlots
@@ -35,6 +37,7 @@ from autellix.gateway.config import GatewayConfig
 from autellix.gateway.engine_http import EngineHttp
 from autellix.gateway.engines import EnginePool, StaticDiscovery
 from autellix.gateway.heap import install_heap_trim
+from autellix.gateway.kv_events import KvEventFeed
 from autellix.gateway.lifecycle import Lifecycle
 from autellix.gateway.metrics import (
     AdmissionCollector,
@@ -44,6 +47,7 @@ from autellix.gateway.metrics import (
     TenantCollector,
 )
 from autellix.gateway.parts import Gateway, NoAdminListener, Service
+from autellix.gateway.prompt_blocks import ChatPrompt, EngineTokenizers, PromptBlocks
 from autellix.gateway.routes import create_tenant_app
 from autellix.gateway.service_check import EngineServiceCheck
 from autellix.gateway.tokens import estimate_tokens, tokenizer_counter
@@ -69,8 +73,23 @@ def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
     programs = store.programs
     backend = backend or backend_by_name(config.backend)
     http = EngineHttp(token=config.engine_token or os.environ.get(ENGINE_TOKEN_ENV) or None)
+    feed = KvEventFeed(PrefixIndex()) if config.kv_index and reads_cache(sched) else None
+    tokenizers = EngineTokenizers(http, ChatPrompt.from_model_dir(config.tokenizer) if config.tokenizer else None)
+
+    def engine_removed(url: str) -> None:
+        programs.drop_engine(url)
+        if feed is not None:
+            feed.engine_removed(url)
+
+    def engine_described(url: str, events: Mapping[str, Any] | None) -> None:
+        assert feed is not None
+        feed.engine_described(url, events)
+        if events is not None and url in pool.engines:
+            tokenizers.engine_described(url, pool.engines[url].model_ids)
+
     pool = EnginePool(config.discovery or StaticDiscovery(config.engines), http, poll_interval=config.poll_interval,
-                      on_removed=programs.drop_engine, backend=backend)
+                      on_removed=engine_removed, backend=backend,
+                      on_described=engine_described if feed is not None else None)
     gate = ProgramGate(ProgramAdmission(), lambda: pool.engine_loads(config.engine_slots)) \
         if config.program_admission else None
     sessions = Sessions(programs, TenantStanding(config.standing_half_life) if config.standing_half_life else None,
@@ -93,13 +112,15 @@ def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
         queues=policy.queues(sched), policy=policy, send_priority=config.engine_priority,
         retry=RetryPolicy(max_attempts=config.max_attempts, backoff_base=config.retry_backoff),
         observer=MetricsObserver(metrics), on_program_left=sessions.program_left,
-        on_call_done=gate.call_finished if gate is not None else None)
+        on_call_done=gate.call_finished if gate is not None else None,
+        kv_index=feed.index if feed is not None else None)
     if gate is not None:
         metrics.registry.register(AdmissionCollector(gate))
     store.check_takeovers(EngineServiceCheck(http, pool, backend))
     counter = tokenizer_counter(config.tokenizer) if config.tokenizer else estimate_tokens
     calls = CallPath(config=config, controller=controller, pool=pool, slots=TenantSlots(limiter), backend=backend,
-                     http=http, count_tokens=counter)
+                     http=http, count_tokens=counter,
+                     prompt_blocks=PromptBlocks(tokenizers, feed) if feed is not None else None)
     listener = None if config.admin_port is None else AdminListener(
         lambda: gateway, admin_keys if admin_keys.enabled else None, config.admin_host, config.admin_port,
         SERVER_LIMITS)
@@ -109,6 +130,7 @@ def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
     services: list[Service] = [
         store,
         http,
+        *([feed, tokenizers] if feed is not None else []),
         pool,
         *([drains] if drains is not None else []),
         SessionExpiry(programs, sessions, limiter),

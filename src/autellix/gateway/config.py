@@ -44,7 +44,12 @@ class GatewayConfig:
     keys_reload_interval: float = 5.0
     #: The token engines take calls with (header ``X-Autellix-Engine-Token``); None: ``$AUTELLIX_ENGINE_TOKEN``.
     engine_token: str | None = None
+    #: The model's ``tokenizer.json``, or its folder: exact prompt lengths; a folder with a chat template
+    #: (``tokenizer_config.json``) also gives Chat Completions prompts' KV blocks for the KV event index.
     tokenizer: Path | None = None
+    #: Follow the engines' KV cache events (those that describe them) and route by what they hold, when the
+    #: balancer weighs it (``core.reads_cache``) and ``tokenizer`` is a model folder with a chat template.
+    kv_index: bool = True
     #: Upper bounds of a call's ``n`` and ``max_tokens`` (``max_completion_tokens``): larger is a 400.
     max_n: int = MAX_N
     max_tokens: int = MAX_TOKENS

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -28,7 +28,7 @@ from autellix.backends import EngineBackend, VllmBackend, parse_metrics
 from autellix.control.background import cancel
 from autellix.control.breaker import CircuitBreaker, is_failure_status
 from autellix.core.engine_load import EngineLoad
-from autellix.protocol import FEEDBACK_WAIT_PARAM, MODELS_PATH, CallRecord
+from autellix.protocol import FEEDBACK_WAIT_PARAM, INFO_KV_EVENTS, MODELS_PATH, CallRecord
 
 log = logging.getLogger("autellix.gateway.engines")
 
@@ -115,7 +115,8 @@ class EngineState:
 
 class EnginePool:
     def __init__(self, discovery: Discovery, http: aiohttp.ClientSession, *, poll_interval: float = 1.0,
-                 on_removed: Callable[[str], None] | None = None, backend: EngineBackend | None = None) -> None:
+                 on_removed: Callable[[str], None] | None = None, backend: EngineBackend | None = None,
+                 on_described: Callable[[str, Mapping[str, Any] | None], None] | None = None) -> None:
         self.discovery = discovery
         self.http = http
         self.backend: EngineBackend = backend or VllmBackend()
@@ -123,6 +124,8 @@ class EnginePool:
         self.poll_interval = poll_interval
         self.probe_timeout = max(2.0, poll_interval * 2)
         self.on_removed = on_removed
+        #: An engine turned healthy and described its KV cache events (``INFO_KV_EVENTS``; None: none).
+        self.on_described = on_described
         self.engines: dict[str, EngineState] = {}
         self._task: asyncio.Task | None = None
         self.ready = asyncio.Event()
@@ -320,6 +323,10 @@ class EnginePool:
                 if not engine.healthy and (info := self.backend.info_path()) is not None:
                     async with self.http.get(engine.url + info, timeout=timeout) as r:
                         engine.feedback = r.status == 200
+                        described = await r.json() if engine.feedback else None
+                    if self.on_described is not None:
+                        events = described.get(INFO_KV_EVENTS) if isinstance(described, dict) else None
+                        self.on_described(engine.url, events if isinstance(events, dict) else None)
         except TimeoutError as exc:
             # A slow answer is not a dead engine: under a burst the engine (or
             # this gateway) can take seconds to answer. Only a run of them

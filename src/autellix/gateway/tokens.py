@@ -22,10 +22,10 @@ def estimate_tokens(text: str) -> int:
 
 
 def tokenizer_counter(path: Path) -> Counter:
-    """Exact counts from a ``tokenizer.json`` (the ``tokenizers`` library)."""
+    """Exact counts from a ``tokenizer.json``, or a model's folder that has one (the ``tokenizers`` library)."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from autellix.kube import API_VERSION, ENGINE_KIND, PROGRAM_KIND
 from autellix.kube.spec import EngineSpec, ProgramSpec
-from autellix.protocol import ENGINE_TOKEN_ENV
+from autellix.protocol import ENGINE_TOKEN_ENV, KV_EVENTS_PORT
 
 ENGINE_PORT = 8000
 MANAGED_BY = "autellix-operator"
@@ -170,7 +170,10 @@ def engine_deployment(name: str, namespace: str, uid: str, spec: EngineSpec, *,
         "imagePullPolicy": spec.image_pull_policy,
         "args": engine_args(spec),
         "env": _engine_env(spec, token_secret),
-        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        # its KV cache events and their replay (``autellix engine``'s default on a pod: autellix.engine.kv_events)
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"},
+                  {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+                  {"name": "kv-replay", "containerPort": KV_EVENTS_PORT + 1, "protocol": "TCP"}],
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
         # Loading weights (a hub download, a large model) can take many minutes.

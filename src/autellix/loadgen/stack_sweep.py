@@ -160,7 +160,7 @@ def local_stack(system: System, settings: EngineSettings, log_dir: Path, isolate
         with contextlib.ExitStack() as stack:
             target = engine.url
             if system.policy is not None:
-                tokenizer = build_tiny_model(default_model_dir()) / "tokenizer.json"
+                tokenizer = build_tiny_model(default_model_dir())
                 admission = ["--engine-slots", str(settings.max_num_seqs)] if system.admission else [
                     "--no-program-admission"]
                 target = stack.enter_context(gateway_process(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 #: The hash a request's first block chains from.
 ROOT_HASH = 0
@@ -34,6 +35,14 @@ def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0,
         prev = hash((prev, tuple(tokens[begin:begin + block_size])))
         out.append(prev)
     return out
+
+
+class BlockEvents(Protocol):
+    """What a pool tells of its prefix cache, as vLLM's KV cache events do (``BlockStored``, ``BlockRemoved``)."""
+
+    def stored(self, block_hash: int) -> None: ...
+
+    def removed(self, block_hash: int) -> None: ...
 
 
 class BlockPool:
@@ -52,6 +61,8 @@ class BlockPool:
         self.evictions = 0
         #: Told (block, hash) when an allocation evicts a cached block, before it is reused.
         self.on_evict: Callable[[int, int], None] | None = None
+        #: Told every hash the prefix cache gains and loses (the gateway's KV event index listens).
+        self.events: BlockEvents | None = None
 
     @property
     def free_blocks(self) -> int:
@@ -105,6 +116,8 @@ class BlockPool:
                 self.evictions += 1
                 if self.on_evict is not None:
                     self.on_evict(block, old)
+                if self.events is not None:
+                    self.events.removed(old)
             self._refs[block] = 1
             out.append(block)
         return out
@@ -114,6 +127,8 @@ class BlockPool:
         if self.caching and self._hash[block] is None and block_hash not in self._by_hash:
             self._hash[block] = block_hash
             self._by_hash[block_hash] = block
+            if self.events is not None:
+                self.events.stored(block_hash)
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference from each of a request's blocks; blocks nobody

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from autellix.backends import CallOutcome, VllmBackend
 from autellix.control import Attempt, CallOwner, CallSpec, MemoryProgramStore, RequestController
-from autellix.core import SchedulerConfig, balancer_from_config, policy_by_name
+from autellix.core import PrefixIndex, SchedulerConfig, balancer_from_config, policy_by_name, reads_cache
 from autellix.core.engine_load import EngineLoad
 from autellix.engine.tiny_model import render_chat
 from autellix.protocol import (
@@ -43,6 +43,7 @@ from autellix.sim.engine_model import EngineModel
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.engine_request import RequestOutcome, SimRequest
 from autellix.sim.gateway_queues import AdmissionGate, RequestFlowControl
+from autellix.sim.kv_cache import block_hashes
 from autellix.sim.virtual_loop import run_virtual
 from autellix.workloads import AgentProgram, client_priority
 from autellix.workloads.base import declarations
@@ -249,13 +250,15 @@ class SimGateway:
         #: The process table behind the store (``experiments/session_cycling.py`` wraps its start and end).
         self.table = self.store.table
         self.engines = engines
+        #: The KV event index, fed by the engine models' prefix caches, where the balancer reads it.
+        self.kv_index = _kv_index(engines) if len(engines) > 1 and reads_cache(config) else None
         ids = itertools.count()
         self.controller = RequestController(
             store=self.store, engines=_SimEngines(engines), backend=VllmBackend(),
             balancer=balancer_from_config(config), queues=self.policy.queues(config), policy=self.policy,
             # bare engines (no gateway) get no priority from it
             send_priority=system.policy is not None and self.policy.places_by_priority,
-            clock=asyncio.get_running_loop().time, call_ids=lambda: f"c{next(ids)}")
+            clock=asyncio.get_running_loop().time, call_ids=lambda: f"c{next(ids)}", kv_index=self.kv_index)
         loop = asyncio.get_running_loop()
 
         def loads() -> list[EngineLoad]:
@@ -313,14 +316,36 @@ class SimGateway:
                                              prompt_tokens=outcome.prompt_tokens, model_time=outcome.model_time))
             return outcome
 
+        block_size = next(iter(self.engines.values())).model.profile.block_size
         spec = CallSpec(path=CHAT_COMPLETIONS_PATH, body={}, model=SIM_MODEL,
-                        owner=CallOwner(program_id, thread, ephemeral=False), prompt_tokens=len(prompt))
+                        owner=CallOwner(program_id, thread, ephemeral=False), prompt_tokens=len(prompt),
+                        prompt_blocks=lambda: block_hashes(prompt, block_size))
         if self.flow is None:
             return await self.controller.call(spec, send)
         await self.flow.wait_turn(program_id)
         outcome = await self.controller.call(spec, send)
         self.flow.completed(program_id, prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.output_tokens)
         return outcome
+
+
+class _IndexedPool:
+    """One engine model's prefix cache as KV events into the gateway's index."""
+
+    def __init__(self, index: PrefixIndex, engine: str, block_size: int) -> None:
+        self.index, self.engine, self.block_size = index, engine, block_size
+
+    def stored(self, block_hash: int) -> None:
+        self.index.stored(self.engine, (block_hash,), self.block_size)
+
+    def removed(self, block_hash: int) -> None:
+        self.index.removed(self.engine, (block_hash,))
+
+
+def _kv_index(engines: Mapping[str, _Engine]) -> PrefixIndex:
+    index = PrefixIndex()
+    for name, engine in engines.items():
+        engine.model.pool.events = _IndexedPool(index, name, engine.model.profile.block_size)
+    return index
 
 
 class SimLLM:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from autellix.workloads import bfcl, fanout, lats, mixed, sharegpt, tool_pause
+from autellix.workloads import bfcl, fanout, lats, mixed, shared_context, sharegpt, tool_pause
 from autellix.workloads.base import (
     CALIBRATIONS,
     CONTEXT_LIMIT,
@@ -42,15 +42,18 @@ BUILDERS: dict[str, Builder] = {
     "fanout-subagents": fanout.build_with_subagents,
     "multiagent": fanout.build_multiagent,
     tool_pause.WORKLOAD: tool_pause.build,
+    shared_context.WORKLOAD: shared_context.build,
 }
 
-WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "fanout", "mixed", tool_pause.WORKLOAD)
+WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "fanout", "mixed", tool_pause.WORKLOAD,
+                              shared_context.WORKLOAD)
 
 
 def make_programs(
     workload: str, count: int, *, seed: int, calibration: str = "paper", data_dir: Path | None = None
 ) -> list[AgentProgram]:
-    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout", "mixed" or "tool-pause"),
+    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout", "mixed", "tool-pause" or
+    "shared-context"),
     deterministic in ``seed``.
 
     Program ``i`` of a workload draws everything from ``random.Random(f"{seed}:{workload}:{i}")``.
@@ -58,7 +61,8 @@ def make_programs(
     shared prompt; ``fanout.FANOUT_MULTIAGENT_SHARE`` of them) among short chats.
     "mixed" is an equal share of sharegpt, bfcl, lats and multi-agent programs
     (``mixed.build``). "tool-pause" is BFCL programs that wait for log-normal
-    tool latencies over long shared tool docs (``tool_pause``). "fanout-subagents"
+    tool latencies over long shared tool docs (``tool_pause``). "shared-context" is such programs of many
+    teams, each team's over its own long system prompt (``shared_context``). "fanout-subagents"
     is "fanout" with each multi-agent program's agents written as subagents.
     """
     if workload not in BUILDERS and workload != "mixed":

@@ -129,12 +129,14 @@ def system_prompt(classes: Sequence[str], functions: dict[str, tuple[BfclFunctio
 
 
 def tool_pause_program(program_id: str, rng: random.Random, entries: Sequence[BfclEntry],
-                       functions: dict[str, tuple[BfclFunction, ...]], latency: ToolLatency = TOOL_LATENCY
-                       ) -> AgentProgram:
-    """One program over a seeded BFCL entry; every choice is drawn here, none when it runs."""
+                       functions: dict[str, tuple[BfclFunction, ...]], latency: ToolLatency = TOOL_LATENCY, *,
+                       system: str | None = None, workload: str = WORKLOAD) -> AgentProgram:
+    """One program over a seeded BFCL entry; every choice is drawn here, none when it runs. ``system``:
+    its system prompt (default: the entry's classes' docs, ``system_prompt``)."""
     entry = entries[rng.randrange(len(entries))]
     by_name = {f.name: f for f in entry_functions(entry, functions)}
-    system = system_prompt(entry.involved_classes, functions)
+    if system is None:
+        system = system_prompt(entry.involved_classes, functions)
     turns: list[ReactTurn] = []
     for text, truth in entry_turns(entry, by_name, "raw"):
         steps = tuple(
@@ -143,7 +145,7 @@ def tool_pause_program(program_id: str, rng: random.Random, entries: Sequence[Bf
             for call in truth)
         turns.append(ReactTurn(text, steps, draw(rng, *BFCL_DECODE)))
     # the whole history stays in the prompt across turns
-    return react_program(WORKLOAD, program_id, system, tuple(turns))
+    return react_program(workload, program_id, system, tuple(turns))
 
 
 def tool_pauses(program: AgentProgram) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autellix.core.balancers.base import NoEngine, Route, live_pin
+from autellix.core.balancers.base import NOTHING_CACHED, NoEngine, Route, live_pin
 
 
 class RoundRobinBalancer:
@@ -13,10 +13,14 @@ class RoundRobinBalancer:
     def __init__(self) -> None:
         self._turn = 0
 
-    def choose(self, loads: Mapping[str, float], *, prompt_tokens: int, pinned: str | None) -> Route:
+    def choose(self, loads: Mapping[str, float], *, prompt_tokens: int, pinned: str | None,
+               cached: Mapping[str, int] = NOTHING_CACHED) -> Route:
         if not loads:
             raise NoEngine("no engine is available")
         engines = sorted(loads)
         engine = engines[self._turn % len(engines)]
         self._turn += 1
         return Route(engine, live_pin(loads, pinned))
+
+    def weighs_cache(self, *, prompt_tokens: int, pinned: str | None) -> bool:
+        return False
