@@ -555,8 +555,8 @@ def test_images_run_the_command_the_chart_configures(name: str) -> None:
     text = dockerfile(name)
     assert f'ENTRYPOINT ["autellix", "{name}"]' in text
     # kube: discovery / kopf; store: the gateway's --store (Redis); epp: the same image runs `autellix epp`
-    # (the operator's pickers); xds: the operator's --xds-port
-    extras = {"gateway": "store,epp", "operator": "xds"}[name]
+    # (the operator's pickers); kv-index: the engines' KV cache events; xds: the operator's --xds-port
+    extras = {"gateway": "store,epp,kv-index", "operator": "xds"}[name]
     assert re.search(rf"pip install .*\[kube,{extras}\]", text)
     assert not (ROOT / "operator" / "__init__.py").exists()  # would shadow Python's operator module
 
