@@ -33,7 +33,7 @@ from autellix.workloads import make_programs
 
 PROFILE = "a100-llama3.1-8b"
 #: Programs per second per engine, from light to past the engines' saturation.
-RATES_PER_ENGINE = (1.0, 2.0, 3.0)
+RATES_PER_ENGINE = (0.5, 1.0, 2.0)
 PROGRAMS_PER_ENGINE = 60
 BALANCERS: dict[str, dict[str, Any]] = {
     "index": {"balancer": "autellix"},

@@ -99,6 +99,9 @@ def test_the_gateway_sends_a_new_program_where_its_system_prompt_is(two_engines:
                 break
             assert time.monotonic() < deadline, "the gateway never routed by the engines' caches"
             time.sleep(0.5)
+        with urllib.request.urlopen(gw + "/metrics", timeout=30) as r:
+            held = parse_metrics(r.read().decode(), {"autellix_kv_index_blocks"})
+        assert held["autellix_kv_index_blocks"] > 0  # what the index holds, per engine, in the gateway's metrics
         # with the index off, the same call goes to the least loaded engine: the first by name
     with gateway([e.url for e in two_engines], "--tokenizer", str(default_model_dir()), "--no-program-admission",
                  "--no-kv-index") as gw:

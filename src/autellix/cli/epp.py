@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -31,12 +30,8 @@ def epp(
         min=0.001, help="Seconds from a call's body to its routing answer; then 503")] = 10.0,
     overrides: options.SchedulerOverrides = options.NO_OVERRIDES,
     backend: Annotated[str, typer.Option(help=f"The engines' kind: {one_of(BACKENDS)}")] = DEFAULT_BACKEND,
-    tokenizer: Annotated[Path | None, typer.Option(
-        help="The model's tokenizer.json for exact prompt lengths, or its folder: with a chat template there, "
-             "Chat Completions prompts are also looked up in the engines' KV cache events")] = None,
-    kv_index: Annotated[bool, typer.Option(
-        help="Route by what the engines hold: follow the KV cache events of engines that publish them "
-             "(needs --tokenizer as a model folder)")] = True,
+    tokenizer: options.TokenizerOption = None,
+    kv_index: options.KvIndexOption = True,
     store: Annotated[str | None, typer.Option(
         envvar="AUTELLIX_STORE", help="Program store shared with other pickers and gateways, redis://HOST:PORT/DB; "
                                       "default: in memory")] = None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,12 +21,8 @@ def gateway(
     port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
     overrides: options.SchedulerOverrides = options.NO_OVERRIDES,
     backend: Annotated[str, typer.Option(help=f"The engines' kind: {one_of(BACKENDS)}")] = DEFAULT_BACKEND,
-    tokenizer: Annotated[Path | None, typer.Option(
-        help="The model's tokenizer.json for exact prompt lengths, or its folder: with a chat template there, "
-             "Chat Completions prompts are also looked up in the engines' KV cache events")] = None,
-    kv_index: Annotated[bool, typer.Option(
-        help="Route by what the engines hold: follow the KV cache events of engines that publish them "
-             "(needs --tokenizer as a model folder; docs/gateway.md, 'KV event index')")] = True,
+    tokenizer: options.TokenizerOption = None,
+    kv_index: options.KvIndexOption = True,
     access: options.AccessOptions = options.NO_ACCESS,
     tenant_tpm: Annotated[float | None, typer.Option(
         min=1, help="Tokens (prompt + output) a minute, per tenant")] = None,

@@ -270,7 +270,16 @@ def gateway_options(*, help_text: Mapping[str, str] | None = None) -> Decorator:
 NO_ACCESS = AccessOptions()
 NO_ENGINES = EngineOptions()
 
+#: ``--tokenizer`` of the gateway and the picker.
+TokenizerOption = Annotated[Path | None, typer.Option(
+    help="The model's tokenizer.json for exact prompt lengths, or its folder: with a chat template there, Chat "
+         "Completions prompts are looked up in the engines' KV cache events (else the engines' own tokenizer is)")]
+#: ``--kv-index`` of the gateway and the picker.
+KvIndexOption = Annotated[bool, typer.Option(
+    help="Route by what the engines hold: follow the KV cache events of engines that publish them "
+         "(docs/gateway.md, 'KV event index')")]
+
 
 __all__ = ["FROM_ENV", "GATEWAY_SCHEDULER_OPTIONS", "HELP", "MIN", "NO_ACCESS", "NO_ENGINES", "NO_OVERRIDES",
-           "AccessOptions", "DiscoveryKind", "EngineOptions", "SchedulerOverrides", "gateway_options", "option_group",
-           "option_help", "option_type", "scheduler_options"]
+           "AccessOptions", "DiscoveryKind", "EngineOptions", "KvIndexOption", "SchedulerOverrides", "TokenizerOption",
+           "gateway_options", "option_group", "option_help", "option_type", "scheduler_options"]

@@ -56,9 +56,10 @@ def tokenizer_files(name: str, revision: str | None = None) -> dict[str, str]:
         return {f: str(folder / f) for f in TOKENIZER_FILES if (folder / f).is_file()}
     try:
         from huggingface_hub import try_to_load_from_cache
-    except ImportError:
+
+        found = {f: try_to_load_from_cache(name, f, revision=revision) for f in TOKENIZER_FILES}
+    except Exception:  # not a hub id either (or no hub library): the engine still starts, without them
         return {}
-    found = {f: try_to_load_from_cache(name, f, revision=revision) for f in TOKENIZER_FILES}
     return {f: path for f, path in found.items() if isinstance(path, str)}
 
 

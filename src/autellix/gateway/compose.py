@@ -42,6 +42,7 @@ from autellix.gateway.lifecycle import Lifecycle
 from autellix.gateway.metrics import (
     AdmissionCollector,
     GatewayMetrics,
+    KvIndexCollector,
     MetricsObserver,
     ReplicaCounters,
     TenantCollector,
@@ -107,6 +108,8 @@ def build_gateway(config: GatewayConfig, *, store: GatewayStore | None = None,
     for collector in store.collectors():
         metrics.registry.register(collector)
     metrics.registry.register(TenantCollector(programs.tenants))
+    if feed is not None:
+        metrics.registry.register(KvIndexCollector(feed.index, engine_label))
     controller = RequestController(
         store=programs, engines=pool, backend=backend, balancer=balancer_from_config(sched),
         queues=policy.queues(sched), policy=policy, send_priority=config.engine_priority,

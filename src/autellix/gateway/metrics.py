@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from autellix import protocol
 from autellix.control.admission import ProgramGate
 from autellix.control.recent import RecentIds
-from autellix.core import TenantShares
+from autellix.core import PrefixIndex, TenantShares
 from autellix.stats import jain_index
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -153,6 +153,20 @@ class TenantCollector(Collector):
             weight.add_metric(label, share.weight)
             lead.add_metric(label, self.shares.lead(share.name or None))
         yield from (service, weight, lead)
+
+
+class KvIndexCollector(Collector):
+    """The KV event index (``core.PrefixIndex``), read at scrape time: the blocks each followed engine holds."""
+
+    def __init__(self, index: PrefixIndex, label: Callable[[str], str]) -> None:
+        self.index, self.label = index, label
+
+    def collect(self):
+        blocks = GaugeMetricFamily("autellix_kv_index_blocks", "KV blocks the engine holds, as its KV cache events "
+                                   "told this replica (engines whose events it follows)", labels=["engine"])
+        for engine, held in self.index.summary().items():
+            blocks.add_metric([self.label(engine)], held)
+        yield blocks
 
 
 class ReplicaCounters:

@@ -52,7 +52,8 @@ from autellix.workloads.systems import SYSTEMS, System
 
 #: Balancer names the CLI accepts, to the core's names.
 BALANCER_ALIASES = {"algorithm2": "autellix", "autellix": "autellix", "least_used": "least_used",
-                    "least-used": "least_used", "round_robin": "round_robin", "round-robin": "round_robin"}
+                    "least-used": "least_used", "round_robin": "round_robin", "round-robin": "round_robin",
+                    "prefix_score": "prefix_score", "prefix-score": "prefix_score"}
 
 
 def balancer_name(name: str | None) -> str | None:
@@ -62,7 +63,8 @@ def balancer_name(name: str | None) -> str | None:
     try:
         return BALANCER_ALIASES[name]
     except KeyError:
-        raise ValueError(f"unknown balancer {name!r}; expected algorithm2, least_used or round_robin") from None
+        raise ValueError(f"unknown balancer {name!r}; expected algorithm2, least_used, round_robin or "
+                         "prefix_score") from None
 
 
 def render(messages: Sequence[dict[str, str]]) -> bytes:
