@@ -22,6 +22,8 @@ def test_digests_and_event_hashes_match_vllms():
         digests.append(parent)
     assert hasher.digests(tokens) == digests  # the partial last block has no hash
     assert hasher.chain(tokens) == [kv_cache_utils.maybe_convert_block_hash(d) for d in digests]
+    # continued from block 4 with its parent's digest: the same chain's tail
+    assert hasher.digests(tokens, start=4, parent=digests[3]) == digests[4:]
 
 
 def test_the_seed_and_block_size_change_every_hash():
@@ -39,3 +41,5 @@ def test_unknown_algorithms_and_sizes_are_refused():
         VllmBlockHasher(16, algorithm="sha256_cbor")
     with pytest.raises(ValueError, match="block size"):
         VllmBlockHasher(0)
+    with pytest.raises(ValueError, match="parent"):
+        VllmBlockHasher(16).digests(list(range(64)), start=2)

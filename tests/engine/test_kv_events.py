@@ -84,25 +84,30 @@ def test_the_index_matches_what_both_engines_hold(two_engines: list[EngineProces
     asyncio.run(run())
 
 
+def index_blocks(gw: str) -> float:
+    """The blocks the gateway's index holds, over every engine (``autellix_kv_index_blocks``)."""
+    with urllib.request.urlopen(gw + "/metrics", timeout=30) as r:
+        return parse_metrics(r.read().decode(), {"autellix_kv_index_blocks"}).get("autellix_kv_index_blocks", 0.0)
+
+
 def test_the_gateway_sends_a_new_program_where_its_system_prompt_is(two_engines: list[EngineProcess]) -> None:
     first, second = sorted(two_engines, key=lambda e: e.url)  # idle engines tie: the first by name takes a call
-    system = system_prompt("routing")
-    assert http("POST", second.url + "/v1/chat/completions", chat(system, "warm up"))[0] == 200
     # no --tokenizer: the gateway fetches the engines' tokenizer to hash chat prompts as they do
     with gateway([e.url for e in two_engines], "--no-program-admission") as gw:
-        deadline = time.monotonic() + 20
-        while True:  # the gateway follows both engines' events (and fetches their tokenizer) once they are healthy
-            status, _ = http("POST", gw + "/v1/chat/completions", chat(system, "a new program"))
-            assert status == 200
-            status, calls = http("GET", admin_url(gw) + "/admin/calls?limit=1")
-            if calls["data"][0]["attempts"][-1]["engine"] == second.url:
+        deadline = time.monotonic() + 60
+        while True:  # a fresh system prompt each time: a call sent before the tokenizer came spoils only its own
+            system = system_prompt("routing")
+            held = index_blocks(gw)
+            assert http("POST", second.url + "/v1/chat/completions", chat(system, "warm up"))[0] == 200
+            while index_blocks(gw) <= held:  # the gateway has seen the warm-up's blocks
+                assert time.monotonic() < deadline, "the gateway's index never followed the engines' events"
+                time.sleep(0.1)
+            assert http("POST", gw + "/v1/chat/completions", chat(system, "a new program"))[0] == 200
+            calls = http("GET", admin_url(gw) + "/admin/calls?limit=1")[1]["data"]
+            if calls[0]["attempts"][-1]["engine"] == second.url:
                 break
             assert time.monotonic() < deadline, "the gateway never routed by the engines' caches"
-            time.sleep(0.5)
-        with urllib.request.urlopen(gw + "/metrics", timeout=30) as r:
-            held = parse_metrics(r.read().decode(), {"autellix_kv_index_blocks"})
-        assert held["autellix_kv_index_blocks"] > 0  # what the index holds, per engine, in the gateway's metrics
-        # with the index off, the same call goes to the least loaded engine: the first by name
+    # with the index off, the same call goes to the least loaded engine: the first by name
     with gateway([e.url for e in two_engines], "--tokenizer", str(default_model_dir()), "--no-program-admission",
                  "--no-kv-index") as gw:
         assert http("POST", gw + "/v1/chat/completions", chat(system, "another program"))[0] == 200

@@ -19,11 +19,11 @@ import openai
 import pytest
 
 from autellix.backends import parse_metrics
-from autellix.child_processes import free_port
 from autellix.protocol import RECORD_HEADER
-from autellix.sim.emulator import EmulatedEngine, emulator_process, serve
+from autellix.sim.emulator import EmulatedEngine, emulator_process
 from autellix.sim.engine_profile import EngineProfile
 from tests.live import gateway, http
+from tests.sim.emulated import serving
 
 MODEL = "emulated"
 
@@ -32,22 +32,8 @@ MODEL = "emulated"
 async def running(scheduler: str = "autellix", time_scale: float = 0.2, **options: object) -> AsyncIterator[
         tuple[str, EmulatedEngine]]:
     engine = EmulatedEngine(EngineProfile.load("cpu-tiny"), scheduler=scheduler, time_scale=time_scale, **options)
-    port = free_port()
-    task = asyncio.create_task(serve([engine], "127.0.0.1", [port]))
-    base = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as s:
-        for _ in range(100):
-            with contextlib.suppress(aiohttp.ClientError):
-                async with s.get(base + "/health") as r:
-                    if r.status == 200:
-                        break
-            await asyncio.sleep(0.05)
-    try:
+    async with serving([engine]) as (base,):
         yield base, engine
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def metrics(base: str) -> dict[str, float]:

@@ -25,6 +25,9 @@ def emulate(
         1.0),
     model: Annotated[str, typer.Option(help="Served model name")] = "emulated",
     prefix_caching: Annotated[bool, typer.Option(help="Model prefix caching")] = True,
+    kv_events: Annotated[bool, typer.Option(
+        help="Publish each engine's KV cache events as vLLM does, on IPC sockets named for its port (Autellix's "
+             "scheduler, prefix caching; needs pyzmq and msgspec)")] = True,
     max_num_seqs: Annotated[int | None, typer.Option(min=1, help="Override the profile's running-call limit")] = None,
     coalesce_ms: Annotated[float, typer.Option(min=0, help="Run decode-only steps in stretches of this many "
                                                           "modelled ms (0: step by step)")] = 0.0,
@@ -34,6 +37,7 @@ def emulate(
     import contextlib
 
     from autellix.core import SchedulerConfig
+    from autellix.engine.kv_events import kv_events_ipc_for
     from autellix.sim.emulator import EmulatedEngine, serve
     from autellix.sim.engine_profile import EngineProfile
 
@@ -53,13 +57,26 @@ def emulate(
     elif engines not in (1, len(ports)):
         raise fail(f"--engines {engines} but {len(ports)} ports given")
 
+    publish = kv_events and prefix_caching and scheduler == "autellix" and _can_publish()
+
     async def main() -> None:
         pool = [EmulatedEngine(engine_profile, model_name=model, scheduler=scheduler, config=config,
-                               prefix_caching=prefix_caching, time_scale=time_scale, coalesce=coalesce_ms / 1e3)
-                for _ in ports]
+                               prefix_caching=prefix_caching, time_scale=time_scale, coalesce=coalesce_ms / 1e3,
+                               kv_events=kv_events_ipc_for(p) if publish else None)
+                for p in ports]
         typer.echo(f"{len(ports)} emulated engine(s) ({engine_profile.name}, {scheduler}, time x{time_scale}) on "
                    + ", ".join(f"http://{host}:{p}" for p in ports), err=True)
         await serve(pool, host, ports)
 
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it stops
         asyncio.run(main())
+
+
+def _can_publish() -> bool:
+    try:
+        import msgspec  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError:
+        typer.echo("no KV cache events: pyzmq and msgspec are not installed (the kv-index extra)", err=True)
+        return False
+    return True

@@ -44,14 +44,17 @@ class VllmBlockHasher:
         self.block_size = block_size
         self._root = _sha256_pickle(DEFAULT_SEED if seed is None else seed)
 
-    def digests(self, tokens: Sequence[int]) -> list[bytes]:
-        """The full digests of ``tokens``' full blocks, in order (a partial last block has none)."""
+    def digests(self, tokens: Sequence[int], *, start: int = 0, parent: bytes | None = None) -> list[bytes]:
+        """The full digests of ``tokens``' full blocks from block ``start`` on, in order (a partial last block
+        has none); ``parent`` is block ``start - 1``'s digest (for ``start`` 0: the seed's)."""
         size = self.block_size
-        parent = self._root
+        if start and parent is None:
+            raise ValueError("a chain that starts after block 0 needs its parent's digest")
+        digest = self._root if parent is None else parent
         out: list[bytes] = []
-        for start in range(0, len(tokens) - size + 1, size):
-            parent = _sha256_pickle((parent, tuple(tokens[start:start + size]), None))
-            out.append(parent)
+        for begin in range(start * size, len(tokens) - size + 1, size):
+            digest = _sha256_pickle((digest, tuple(tokens[begin:begin + size]), None))
+            out.append(digest)
         return out
 
     def chain(self, tokens: Sequence[int]) -> list[int]:

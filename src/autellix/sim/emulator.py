@@ -5,7 +5,9 @@ and the benchmark use: ``/v1/completions`` and ``/v1/chat/completions`` (whole
 or streamed, ``priority``, ``vllm_xargs``, ``ignore_eos``, usage and
 per-request ``metrics``), ``/v1/models``, ``/health``, ``/metrics`` with vLLM's
 metric names, and, when it runs Autellix's scheduler, the plugin's feedback
-endpoints (``autellix.engine.feedback``). Each request becomes a
+endpoints (``autellix.engine.feedback``), its KV cache events included
+(``autellix.sim.kv_events``: vLLM's wire, vLLM's block hashes) with the
+tokenizer they are hashed from. Each request becomes a
 :class:`~autellix.sim.engine_request.SimRequest`; one task per engine steps the
 :class:`~autellix.sim.engine_model.EngineModel` and sleeps each step's modelled
 duration, so many engines (8, 16) run in one process on a 2-core machine.
@@ -16,10 +18,12 @@ so one process keeps up with many fast engines; calls that arrive during a
 stretch wait for its end.
 
 Text is bytes, as with the tiny model: one token is one UTF-8 byte of the
-prompt as rendered below (chat messages in a fixed, prefix-stable template, so
-a conversation's history shares cached blocks), and every generated token is
-one letter. There is no end-of-sequence token: a call generates ``max_tokens``
-(default: what is left of the context), as an ``ignore_eos`` call does.
+prompt rendered by the tiny model's chat template (``tiny_model.render_chat``:
+prefix-stable, so a conversation's history shares cached blocks, and the
+template the gateway fetches to hash prompts), and every generated token is
+one letter, whose blocks the next turn that repeats the reply finds cached.
+There is no end-of-sequence token: a call generates ``max_tokens`` (default:
+what is left of the context), as an ``ignore_eos`` call does.
 
 Faults, for testing the gateway (``POST /emulator/faults``, ``DELETE`` clears):
 ``refuse_for`` seconds (as if the engine restarted: open connections drop,
@@ -47,12 +51,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from autellix.child_processes import autellix_process, free_ports
-from autellix.core import SchedulerConfig
+from autellix.core import SchedulerConfig, VllmBlockHasher
+from autellix.engine.kv_events import read_tokenizer, tokenizer_files
+from autellix.engine.tiny_model import build_tiny_model, default_model_dir, render_chat
 from autellix.gateway.errors import error_response
 from autellix.protocol import (
     CALL_HEADER,
     FEEDBACK_CALL_ROUTE,
     FEEDBACK_INFO_PATH,
+    FEEDBACK_TOKENIZER_PATH,
+    INFO_KV_EVENTS,
     RECORD_HEADER,
     XARG_CALL,
     XARG_DECLARED,
@@ -67,20 +75,32 @@ from autellix.protocol import (
 from autellix.sim.engine_model import SCHEDULERS, EngineModel
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.engine_request import SimRequest, StepResult
+from autellix.sim.kv_cache import block_hashes, vllm_block_hashes
+from autellix.sim.kv_events import KvEventPublisher
 
 log = logging.getLogger("autellix.sim.emulator")
 
 #: A metric kind of ``EngineMetrics``.
 M = TypeVar("M", Counter, Gauge, Histogram)
 
-#: The letter every generated token decodes to.
+#: The letter every generated token decodes to, and its token id (a byte).
 TOKEN_TEXT = "a"
+TOKEN_ID = ord(TOKEN_TEXT)
 FAULTS_PATH = "/emulator/faults"
 
 
-def render_chat(messages: Sequence[dict[str, Any]]) -> str:
-    """A prefix-stable chat template: a longer history starts with the shorter one's text."""
-    return "".join(f"<|{m.get('role', 'user')}|>{m.get('content') or ''}\n" for m in messages) + "<|assistant|>"
+def render_messages(messages: Sequence[dict[str, Any]]) -> str:
+    """The tiny model's chat template over messages as the emulator takes them (a missing role is the user's)."""
+    return render_chat([{"role": str(m.get("role") or "user"), "content": _content(m.get("content"))}
+                        for m in messages])
+
+
+def _content(content: Any) -> str:
+    """A message's text: a string, or its text parts joined as vLLM joins them."""
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return "" if content is None else str(content)
 
 
 def prompt_tokens(text: str) -> list[int]:
@@ -182,13 +202,23 @@ class EmulatedEngine:
 
     def __init__(self, profile: EngineProfile, *, model_name: str = "emulated", scheduler: str = "autellix",
                  config: SchedulerConfig | None = None, prefix_caching: bool = True, time_scale: float = 1.0,
-                 max_model_len: int | None = None, coalesce: float = 0.0) -> None:
+                 max_model_len: int | None = None, coalesce: float = 0.0,
+                 kv_events: tuple[str, str] | None = None) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {scheduler!r}; choose from {', '.join(SCHEDULERS)}")
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.profile, self.model_name, self.scheduler = profile, model_name, scheduler
-        self.model = EngineModel(profile, scheduler=scheduler, config=config, prefix_caching=prefix_caching)
+        #: Publishes the prefix cache's blocks as vLLM does (``kv_events``: the publisher's and the replay's
+        #: endpoints); blocks are then named by vLLM's hashes.
+        self.kv_events = KvEventPublisher(*kv_events, block_size=profile.block_size) \
+            if kv_events is not None and prefix_caching else None
+        hashes = vllm_block_hashes(VllmBlockHasher(profile.block_size)) if self.kv_events else block_hashes
+        self.model = EngineModel(profile, scheduler=scheduler, config=config, prefix_caching=prefix_caching,
+                                 block_hashes=hashes)
+        self.model.pool.events = self.kv_events
+        #: The info's ``kv_events`` (None: it publishes none).
+        self.description = self._describe_kv_events()
         self.time_scale = time_scale
         #: Model seconds of decode-only steps run as one (0: every step on its own).
         #: Fewer wake-ups let one process emulate many engines; a call that
@@ -216,6 +246,8 @@ class EmulatedEngine:
 
     # ---- the step loop ---------------------------------------------------------
     def start(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.start()
         self._task = asyncio.create_task(self._run(), name=f"emulated-engine-{self.model_name}")
 
     async def stop(self) -> None:
@@ -223,6 +255,20 @@ class EmulatedEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+
+    def _describe_kv_events(self) -> dict[str, Any] | None:
+        """The info's ``kv_events``: where this engine publishes and how it names blocks, with the tiny
+        model's tokenizer files (the emulator's tokens are its bytes)."""
+        if self.kv_events is None:
+            return None
+        try:
+            files = tokenizer_files(str(build_tiny_model(default_model_dir())))
+        except (OSError, ImportError) as exc:  # no cache to write it to, or no tokenizers library
+            log.warning("no tokenizer files to describe: %r", exc)
+            files = {}
+        return {**self.kv_events.description(), "tokenizer_files": files}
 
     async def _run(self) -> None:
         deadline = time.monotonic()
@@ -240,6 +286,8 @@ class EmulatedEngine:
             deadline = max(deadline, time.monotonic() - 0.05) + result.seconds * self.faults.slowdown * self.time_scale
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             self._apply(result, result.seconds * self.faults.slowdown * self.time_scale)
+            if self.kv_events is not None:
+                self.kv_events.flush()
 
     def _apply(self, result: StepResult, wall_seconds: float) -> None:
         wall = time.monotonic()
@@ -317,6 +365,7 @@ class EmulatedEngine:
         service, wait = xargs.get(XARG_SERVICE), xargs.get(XARG_WAIT)
         request = SimRequest(
             request_id=f"emu-{uuid.uuid4().hex}", prompt=prompt, max_tokens=max_tokens,
+            output=[TOKEN_ID] * max_tokens,
             program_id=_text(xargs.get(XARG_PROGRAM)), thread_id=_text(xargs.get(XARG_THREAD)), priority=priority,
             service=service / scale if isinstance(service, int | float) else None,
             wait=wait / scale if isinstance(wait, int | float) else None, tree=_text(xargs.get(XARG_TREE)),
@@ -365,7 +414,7 @@ def parse_request(body: Any, *, chat: bool, model_name: str) -> tuple[list[int],
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("'messages' must be a non-empty list of objects.", param="messages")
-        text = render_chat(messages)
+        text = render_messages(messages)
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -462,7 +511,14 @@ async def info(request: web.Request) -> web.Response:
     if engine.scheduler != "autellix":
         raise APIError(404, "No Autellix scheduler runs behind this server.", code="not_found")
     return web.json_response({"scheduler": "autellix", "emulated": True, "profile": engine.profile.name,
-                              "time_scale": engine.time_scale})
+                              "time_scale": engine.time_scale, INFO_KV_EVENTS: engine.description})
+
+
+async def tokenizer(request: web.Request) -> web.Response:
+    files = await asyncio.to_thread(read_tokenizer, request.app[ENGINE_KEY].description)
+    if files is None:
+        raise APIError(404, "This engine does not describe its tokenizer.", code="not_found")
+    return web.json_response(files)
 
 
 async def call_record(request: web.Request) -> web.Response:
@@ -510,6 +566,7 @@ def build_app(engine: EmulatedEngine) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get(FEEDBACK_INFO_PATH, info)
     app.router.add_get(FEEDBACK_CALL_ROUTE, call_record)
+    app.router.add_get(FEEDBACK_TOKENIZER_PATH, tokenizer)
     app.router.add_get(FAULTS_PATH, get_faults)
     app.router.add_post(FAULTS_PATH, set_faults)
     app.router.add_delete(FAULTS_PATH, clear_faults)

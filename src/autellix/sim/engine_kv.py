@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from autellix.sim.engine_request import Seq
 from autellix.sim.engine_retention import PrefixRetention
-from autellix.sim.kv_cache import BlockPool, block_hashes
+from autellix.sim.kv_cache import ROOT_HASH, BlockHashes, BlockPool, block_hashes
 
 
 class RequestBlocks:
     """Blocks for requests' tokens from one engine's pool; time is always passed in."""
 
     def __init__(self, pool: BlockPool, block_size: int, *, prefix_caching: bool,
-                 retention: PrefixRetention) -> None:
+                 retention: PrefixRetention, hashes: BlockHashes = block_hashes) -> None:
         self.pool = pool
+        self.hashes = hashes
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.retention = retention
@@ -32,8 +33,7 @@ class RequestBlocks:
         if blocks > have:
             bs = self.block_size
             end = min(blocks * bs, seq.known)
-            seq.hashes += block_hashes(seq.tokens[:end], bs, start=have,
-                                       parent=seq.hashes[-1] if seq.hashes else 0)
+            seq.hashes += self.hashes(seq.tokens[:end], bs, have, seq.hashes[-1] if seq.hashes else ROOT_HASH)
 
     def prefix_hits(self, seq: Seq) -> list[int]:
         """The cached blocks ``seq``'s tokens start with (none without prefix caching)."""

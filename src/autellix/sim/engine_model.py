@@ -52,7 +52,8 @@ from autellix.sim.engine_kv import RequestBlocks
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.engine_request import RequestOutcome, Seq, SimRequest, StepResult
 from autellix.sim.engine_retention import PrefixRetention
-from autellix.sim.kv_cache import BlockPool
+from autellix.sim.kv_cache import BlockHashes, BlockPool
+from autellix.sim.kv_cache import block_hashes as python_block_hashes
 
 SCHEDULERS = ("fcfs", "vllm-priority", "mlfq", "autellix")
 
@@ -61,7 +62,8 @@ class EngineModel:
     """One engine: queues, KV cache and step cost; time is always passed in."""
 
     def __init__(self, profile: EngineProfile, *, scheduler: str = "autellix", config: SchedulerConfig | None = None,
-                 prefix_caching: bool = True, chunked_prefill: bool = True) -> None:
+                 prefix_caching: bool = True, chunked_prefill: bool = True,
+                 block_hashes: BlockHashes = python_block_hashes) -> None:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
         self.profile = profile
@@ -84,7 +86,7 @@ class EngineModel:
                                          hold=self.planner is not None and prefix_caching and profile.kv_retention,
                                          idle_ttl=self.config.program_idle_ttl)
         self.kv = RequestBlocks(self.pool, profile.block_size, prefix_caching=prefix_caching,
-                                retention=self.retention)
+                                retention=self.retention, hashes=block_hashes)
         self._seqs: dict[str, Seq] = {}
         self._running: list[Seq] = []
         self._waiting: list[tuple[tuple[int, float, int], Seq]] = []  # heap by key

@@ -2,7 +2,9 @@
 
 Capacity is a fixed number of blocks of ``block_size`` tokens. A full block is
 named by a chained hash (its tokens and the hash of the block before it), so two
-requests with the same prefix share the same blocks. A freed block keeps its
+requests with the same prefix share the same blocks: Python's ``hash`` in the
+simulator, vLLM's own (``vllm_block_hashes``) where the names leave the process
+(the emulator's KV cache events). A freed block keeps its
 hash and stays reusable until it is evicted: free blocks form one LRU queue,
 allocation takes from its head, and a request's blocks are freed tail first so
 that the shared prefix of a conversation is the last to go. A block can be
@@ -21,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from autellix.core import VllmBlockHasher
+
 #: The hash a request's first block chains from.
 ROOT_HASH = 0
 
@@ -35,6 +39,23 @@ def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0,
         prev = hash((prev, tuple(tokens[begin:begin + block_size])))
         out.append(prev)
     return out
+
+
+#: How an engine names its full blocks: ``block_hashes``' signature (tokens, block size, first block, parent).
+BlockHashes = Callable[[Sequence[int], int, int, int], list[int]]
+
+
+def vllm_block_hashes(hasher: VllmBlockHasher) -> BlockHashes:
+    """Blocks named as vLLM names them (``core.VllmBlockHasher``), each hash the whole digest as an int (the
+    next block's parent); the low 64 bits are what vLLM's KV events carry."""
+
+    def hashes(tokens: Sequence[int], block_size: int, start: int = 0, parent: int = ROOT_HASH) -> list[int]:
+        if block_size != hasher.block_size:
+            raise ValueError(f"blocks of {block_size} tokens, hashed as blocks of {hasher.block_size}")
+        digests = hasher.digests(tokens, start=start, parent=parent.to_bytes(32, "big") if start else None)
+        return [int.from_bytes(digest, "big") for digest in digests]
+
+    return hashes
 
 
 class BlockEvents(Protocol):
