@@ -45,8 +45,10 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 REPLAY_TIMEOUT = 5.0
 #: Seconds between tries to reach a publisher that went away (zmq reconnects by itself; this is the replay's).
 RETRY_INTERVAL = 1.0
-#: Device memory: what a call on this engine finds without a transfer.
-DEVICE_MEDIA = (None, "GPU")
+#: vLLM's name for device memory: what a call on this engine finds without a transfer.
+DEVICE_MEDIUM = "GPU"
+#: Device memory as events name it (older engines name no medium).
+DEVICE_MEDIA = (None, DEVICE_MEDIUM)
 _LOW_64 = (1 << 64) - 1
 
 
@@ -259,4 +261,4 @@ def _events(batch: Any) -> list[Any]:
     raise ValueError(f"not a KV event batch: {type(batch).__name__}")
 
 
-__all__ = ["EventSource", "KvEventFeed", "apply_batch", "block_hash"]
+__all__ = ["DEVICE_MEDIUM", "END_SEQ", "EventSource", "KvEventFeed", "apply_batch", "block_hash"]

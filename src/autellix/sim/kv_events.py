@@ -23,14 +23,13 @@ from collections import deque
 from typing import Any
 
 from autellix.control.background import cancel
+from autellix.gateway.kv_events import DEVICE_MEDIUM, END_SEQ
+from autellix.gateway.kv_events import block_hash as event_hash
 
 log = logging.getLogger("autellix.sim.kv_events")
 
-#: The replay's end marker, as vLLM sends it.
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 #: Batches kept for the replay (vLLM's ``buffer_steps`` default).
 BUFFER_STEPS = 10_000
-_LOW_64 = (1 << 64) - 1
 
 
 class KvEventPublisher:
@@ -49,20 +48,20 @@ class KvEventPublisher:
 
     # ---- BlockEvents: what the pool tells, gathered into the step's batch ----------------------------
     def stored(self, block_hash: int) -> None:
-        last = self._pending[-1] if self._pending else None
-        if last is not None and last["type"] == "BlockStored":
-            last["block_hashes"].append(block_hash & _LOW_64)
-            return
-        self._pending.append({"type": "BlockStored", "block_hashes": [block_hash & _LOW_64],
-                              "parent_block_hash": None, "token_ids": [], "block_size": self.block_size,
-                              "lora_id": None, "medium": "GPU", "lora_name": None})
+        self._add("BlockStored", block_hash, {"parent_block_hash": None, "token_ids": [],
+                                              "block_size": self.block_size, "lora_id": None, "lora_name": None})
 
     def removed(self, block_hash: int) -> None:
+        self._add("BlockRemoved", block_hash, {})
+
+    def _add(self, kind: str, block_hash: int, fields: dict[str, Any]) -> None:
+        """One block onto the batch's last event when it is of the same kind, else a new event."""
         last = self._pending[-1] if self._pending else None
-        if last is not None and last["type"] == "BlockRemoved":
-            last["block_hashes"].append(block_hash & _LOW_64)
-            return
-        self._pending.append({"type": "BlockRemoved", "block_hashes": [block_hash & _LOW_64], "medium": "GPU"})
+        if last is not None and last["type"] == kind:
+            last["block_hashes"].append(event_hash(block_hash))
+        else:
+            self._pending.append({"type": kind, "block_hashes": [event_hash(block_hash)], "medium": DEVICE_MEDIUM,
+                                  **fields})
 
     # ---- the sockets -----------------------------------------------------------------------------------
     def start(self) -> None:
