@@ -200,6 +200,11 @@ def load_summaries(cluster: Cluster, job: str) -> list[dict[str, Any]]:
     return [json.loads(log.strip().splitlines()[-1]) for log in cluster.job_logs(job) if log.strip()]
 
 
+def shown(summaries: list[dict[str, Any]]) -> str:
+    """Job summaries for an assertion's message: whole, with every error (pytest shortens a list's repr)."""
+    return json.dumps(summaries, indent=1)
+
+
 def test_endpoint_from_another_namespace(cluster: Cluster) -> None:
     """A pod in another namespace calls http://autellix-envoy.autellix.svc/v1 with a tenant key read from the
     release's Secret: models, chat streamed and not, the Responses API with a chain, Anthropic's Messages,
@@ -342,9 +347,9 @@ def test_idle_engine_is_drained_then_removed(cluster: Cluster) -> None:
                                                   "TURNS": "4", "MAX_TOKENS": "16", "PAUSE_S": "0.5"})
     stop_job(cluster, "load")
     assert timed("load Job ends", lambda: job_finished(cluster, "load"), 300, "the load Job") == "Complete", \
-        load_summaries(cluster, "load")
+        shown(load_summaries(cluster, "load"))
     load = load_summaries(cluster, "load")
-    assert len(load) == 2 and all(s["failed"] == 0 and s["calls"] > 0 for s in load), load
+    assert len(load) == 2 and all(s["failed"] == 0 and s["calls"] > 0 for s in load), shown(load)
     REPORT.facts["load"] = load
     draining: dict[str, float] = {}
     gone: dict[str, float] = {}
@@ -371,7 +376,7 @@ def test_idle_engine_is_drained_then_removed(cluster: Cluster) -> None:
     stop_job(cluster, "trickle")
     assert eventually(lambda: job_finished(cluster, "trickle"), 300, "the trickle Job") == "Complete"
     trickle = load_summaries(cluster, "trickle")
-    assert trickle and all(s["failed"] == 0 and s["calls"] > 0 for s in trickle), trickle
+    assert trickle and all(s["failed"] == 0 and s["calls"] > 0 for s in trickle), shown(trickle)
     REPORT.facts["trickle"] = trickle
 
 

@@ -7,7 +7,16 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autellix.kube.autoscaler import EngineLoad, Sample, desired_replicas, plan, recommend, trim
+from autellix.kube.autoscaler import (
+    EngineLoad,
+    LoadHistory,
+    Sample,
+    ScalePlan,
+    desired_replicas,
+    plan,
+    recommend,
+    trim,
+)
 from autellix.kube.spec import Autoscaling
 
 policies = st.builds(
@@ -85,14 +94,18 @@ def test_scale_down_removes_only_drained_idle_engines(seen: list[EngineLoad], cu
     for gone in step.remove:  # never an engine with work, nor one the gateway still sends calls to
         assert by_url[gone.url].draining and gone.load == 0 and gone.inflight == 0
     assert len(step.remove) <= max(current - desired, 0)
-    assert step.replicas == (desired if desired >= current else current - len(step.remove))
     assert all(not by_url[u].draining for u in step.drain)
     assert all(by_url[u].draining for u in step.undrain)
     if desired >= current:
-        assert not step.drain and not step.remove
-    else:  # as many engines are (being) drained as are in excess, if there are that many
-        draining = {e.url for e in seen if e.draining} - set(step.undrain) | set(step.drain)
-        assert len(draining) == min(current - desired, len(seen))
+        assert not step.drain and not step.remove and step.replicas == desired
+        return
+    # replicas the gateway does not see go first; then as many seen engines are (being) drained as are in
+    # excess, never leaving fewer than ``desired`` that take calls
+    unseen = min(current - desired, max(current - len(seen), 0))
+    assert step.replicas == current - unseen - len(step.remove) >= desired
+    draining = {e.url for e in seen if e.draining} - set(step.undrain) | set(step.drain)
+    assert len(draining) == current - desired - unseen
+    assert len(seen) - len(draining) >= min(desired, len(seen))
 
 
 def test_scale_down_drains_the_least_loaded_first_and_then_removes_it() -> None:
@@ -105,3 +118,31 @@ def test_scale_down_drains_the_least_loaded_first_and_then_removes_it() -> None:
     step = plan(2, 1, [busy, idle])
     assert step.remove == (idle,) and step.replicas == 1
     assert plan(2, 2, [busy, idle]).undrain == ("http://b",)  # load came back: keep it
+
+
+def test_an_engine_being_replaced_is_not_made_up_for_by_draining_the_one_left() -> None:
+    """Two replicas, one pod deleted and its replacement not ready: the gateway sees one engine. A lull
+    then lowers spec.replicas (the pod that is not ready goes) and drains nothing: the one engine the
+    gateway has keeps taking calls."""
+    step = plan(2, 1, [EngineLoad("http://left", load=0.5)])
+    assert step == ScalePlan(replicas=1)
+    assert plan(3, 1, [EngineLoad("http://a", load=2), EngineLoad("http://b", load=1)]) == \
+        ScalePlan(replicas=2, drain=("http://b",))
+
+
+def test_an_operator_that_just_took_the_lead_waits_a_whole_window_before_scaling_down() -> None:
+    """The new leader knows no load before its first sample: a lull it has seen for less than the
+    scale-down window removes nothing, one it has seen for the whole window does; a load spike still
+    scales up at once. A gap longer than the windows starts the watch again."""
+    policy = Autoscaling(enabled=True, min_replicas=1, max_replicas=4, target_load=10, scale_up_window=0,
+                         scale_down_window=60)
+    history = LoadHistory(since=1000.0)
+    for now in range(1000, 1060, 5):
+        history.add(Sample(now, 0.0), policy)
+        assert desired_replicas(history.samples, 3, policy, now, since=history.since) == 3
+    history.add(Sample(1060, 0.0), policy)
+    assert desired_replicas(history.samples, 3, policy, 1060, since=history.since) == 1
+    assert desired_replicas([Sample(1000, 35.0)], 3, policy, 1000, since=1000) == 4
+    history.add(Sample(1200, 0.0), policy)  # no sample for longer than the windows: watched since now
+    assert history.since == 1200 and history.samples == [Sample(1200, 0.0)]
+    assert desired_replicas(history.samples, 3, policy, 1200, since=history.since) == 3

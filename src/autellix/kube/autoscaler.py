@@ -7,19 +7,24 @@ windows, scaling up takes the *smallest* recommendation of the last
 are added) and scaling down the *largest* recommendation of the last
 ``scale_down_window`` seconds (a lull must last the window before engines go).
 So after a scale-up nothing is removed within the scale-down window, and after
-a scale-down nothing is added within the scale-up window: it cannot flap.
+a scale-down nothing is added within the scale-up window: it cannot flap. A lull
+counts only once it was watched for the whole window: an operator that has just
+taken the lead (or missed samples for longer than the windows) knows nothing of
+the load before, and scales down no sooner than a window after it began to watch.
 
 Scale-down never kills an engine with work: the plan first asks the gateway to
 drain the least-loaded engines (no new calls go to them) and removes an engine
 only once the gateway reports it draining with nothing running, waiting or in
-flight.
+flight. Replicas the gateway does not see (a pod starting, or being replaced)
+go first, by lowering spec.replicas alone: draining a seen engine in their place
+could leave the gateway with no engine that takes calls.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autellix.kube.spec import Autoscaling
@@ -71,8 +76,10 @@ def recommend(total_load: float, policy: Autoscaling) -> int:
     return clamp(math.ceil(max(total_load, 0.0) / policy.target_load - 1e-9), policy)
 
 
-def desired_replicas(history: Sequence[Sample], current: int, policy: Autoscaling, now: float) -> int:
-    """Replicas to run now, from the samples up to ``now`` (the latest should be at ``now``)."""
+def desired_replicas(history: Sequence[Sample], current: int, policy: Autoscaling, now: float,
+                     since: float = -math.inf) -> int:
+    """Replicas to run now, from the samples up to ``now`` (the latest should be at ``now``), taken
+    since ``since``: before then nothing was watched, so no scale-down until a whole window was."""
     current = clamp(current, policy)
     recent = [s for s in history if s.time <= now]
     if not recent:
@@ -83,7 +90,7 @@ def desired_replicas(history: Sequence[Sample], current: int, policy: Autoscalin
             if s.time >= now - policy.scale_down_window or s.time == latest]
     if min(up) > current:
         return min(up)
-    if max(down) < current:
+    if max(down) < current and now - since >= policy.scale_down_window:
         return max(down)
     return current
 
@@ -94,12 +101,31 @@ def trim(history: Sequence[Sample], policy: Autoscaling, now: float) -> list[Sam
     return [s for s in history if s.time >= now - keep]
 
 
+@dataclass
+class LoadHistory:
+    """One engine's load samples within the windows, and since when they were taken without a gap."""
+
+    since: float
+    samples: list[Sample] = field(default_factory=list)
+
+    def add(self, sample: Sample, policy: Autoscaling) -> None:
+        """Keep ``sample``; after a gap longer than the windows (no lead, a stalled pass) the watch begins again."""
+        self.samples = trim(self.samples, policy, sample.time)
+        if not self.samples:
+            self.since = sample.time
+        self.samples.append(sample)
+
+
 def plan(current: int, desired: int, engines: Sequence[EngineLoad]) -> ScalePlan:
     """How to move from ``current`` replicas toward ``desired`` given the engines seen now."""
     draining = [e for e in engines if e.draining]
     if desired >= current:
         return ScalePlan(replicas=desired, undrain=tuple(e.url for e in draining))
-    excess = current - desired
+    # Replicas the gateway does not see (a pod starting, or being replaced) take no calls: they go first,
+    # as spec.replicas falls (a ReplicaSet deletes pods that are not ready before ready ones). Draining
+    # one the gateway sees instead could leave it with none that takes calls.
+    unseen = min(current - desired, max(current - len(engines), 0))
+    excess = current - desired - unseen
     # Keep draining the emptiest of those already draining; cancel the rest.
     keep = sorted(draining, key=lambda e: (not e.idle, e.load, e.inflight, e.url))[:excess]
     kept = {e.url for e in keep}
@@ -109,7 +135,7 @@ def plan(current: int, desired: int, engines: Sequence[EngineLoad]) -> ScalePlan
                     key=lambda e: (e.healthy, e.load, e.inflight, e.url))
     drain = tuple(e.url for e in others[: excess - len(keep)])
     remove = tuple(e for e in keep if e.idle)
-    return ScalePlan(replicas=current - len(remove), drain=drain, undrain=undrain, remove=remove)
+    return ScalePlan(replicas=current - unseen - len(remove), drain=drain, undrain=undrain, remove=remove)
 
 
 def external_autoscalers(hpas: Iterable[Mapping[str, Any]], engine: str, group: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from autellix.kube.autoscaler import Sample
+from autellix.kube.autoscaler import LoadHistory
 from autellix.kube.gateway_client import GatewayClient, GatewayError
 from autellix.kube.kubeapi import KubeApi
 from autellix.kube.manifests import PickerSettings
@@ -84,7 +84,7 @@ class Context:
     #: Engine URL -> when the autoscaler removed it (a pod on its way out is not counted again).
     removed: dict[str, float] = field(default_factory=dict)
     #: Engine uid -> its load samples within the autoscaler's windows.
-    history: dict[str, list[Sample]] = field(default_factory=dict)
+    history: dict[str, LoadHistory] = field(default_factory=dict)
     #: Engine uids whose reconcile failed for a passing reason: the engines' pass tries them again.
     retry: set[str] = field(default_factory=set)
     #: The engine uids of the last pass (the states of an engine gone are forgotten).

@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from autellix.kube import API_VERSION, ENGINE_KIND, ENGINE_PLURAL, GROUP
-from autellix.kube.autoscaler import EngineLoad, Sample, desired_replicas, external_autoscalers, plan, trim
+from autellix.kube.autoscaler import EngineLoad, LoadHistory, Sample, desired_replicas, external_autoscalers, plan
 from autellix.kube.conditions import condition, set_condition
 from autellix.kube.context import Context, describe, expected, named, recovered, report, write_status
 from autellix.kube.endpoints import endpoint_pods
@@ -236,10 +236,10 @@ async def autoscale(ctx: Context, engine: dict[str, Any], now: float) -> None:
         await write_status(ctx, path, status, load_status(engines))
         return
     total = sum(e.load for e in engines)
-    history = trim([*ctx.history.get(meta["uid"], []), Sample(now, total)], policy, now)
-    ctx.history[meta["uid"]] = history
+    history = ctx.history.setdefault(meta["uid"], LoadHistory(since=now))
+    history.add(Sample(now, total), policy)
     current = spec.desired_replicas
-    desired = desired_replicas(history, current, policy, now)
+    desired = desired_replicas(history.samples, current, policy, now, since=history.since)
     step = plan(current, desired, engines)
     by_url = {e.url: e for e in engines}
     why = f"load {total:g} (running + waiting calls) at a target of {policy.target_load:g} per engine"
