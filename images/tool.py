@@ -80,13 +80,19 @@ class Tool:
         return int(out.strip())
 
     def copy_out(self, tag: str, path: str, dest: Path) -> None:
-        """Copy one file out of an image without running it (create, cp, rm)."""
+        """Copy one file out of an image without running it (create, cp, rm). The file is replaced whole
+        (copied beside it, then renamed): a reader at the same moment (the test suite beside an image build)
+        sees the old file or the new one."""
         name = f"autellix-copy-{dest.stem}"
+        partial = dest.with_name(dest.name + ".partial")
         self.run(self.command("create", "--name", name, tag))
         try:
-            self.run(self.command("cp", f"{name}:{path}", str(dest)))
+            self.run(self.command("cp", f"{name}:{path}", str(partial)))
+            if not self.dry_run:
+                partial.replace(dest)
         finally:
             self.run(self.command("rm", name), capture_output=True)
+            partial.unlink(missing_ok=True)
 
     def run(self, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return run(cmd, dry_run=self.dry_run, **kwargs)
@@ -109,4 +115,6 @@ def read_record() -> dict[str, dict[str, Any]]:
 
 def write_record(record: dict[str, dict[str, Any]]) -> None:
     BUILD_RECORD.parent.mkdir(parents=True, exist_ok=True)
-    BUILD_RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    partial = BUILD_RECORD.with_name(BUILD_RECORD.name + ".partial")
+    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    partial.replace(BUILD_RECORD)  # whole: several builds may record at once

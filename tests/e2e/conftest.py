@@ -6,7 +6,9 @@ image the chart runs on the Debian base made here (nothing is pulled: no registr
 ``control-plane load`` puts them on the node. What this folder checks is what a user meets: ``helm
 install --wait`` with pods that start, engines, an endpoint called from another namespace, AgentPrograms,
 autoscaling, faults and the uninstall (test_user_path.py). Skipped, with the reason, without root or
-``../shared/kubernetes``; ``AUTELLIX_E2E=0`` skips it on purpose.
+``../shared/kubernetes``; ``AUTELLIX_E2E=0`` skips it on purpose. In the whole suite these tests run last,
+and their images build from the start on a thread beside the other tests, which leave most of the cores
+idle (``ImageBuild``).
 
 A report of the run (each phase's duration, the images' build times and sizes, each pod's peak CPU and
 memory from the kubelet's summary API) goes to ``$AUTELLIX_E2E_REPORT`` (default: the session's temporary
@@ -20,9 +22,11 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -229,24 +233,119 @@ def podman_size(tag: str) -> int:
     return int(out.strip())
 
 
+class ImageBuild:
+    """`make images`, then every image saved as an archive for the node, on a thread started once the suite
+    is collected (``pytest_collection_modifyitems`` below). The build is minutes of work, and the rest of the
+    suite leaves most of the two cores idle (it waits on engines, sockets and timers; the Makefile builds at
+    nice 10, behind the tests): so the images are ready, or nearly, when this folder's tests, run last, ask
+    for them."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self.names = image_names()
+        self.archives: dict[str, Path] = {}
+        self.seconds: dict[str, float] = {}
+        self.error: str | None = None
+        self._process: subprocess.Popen[str] | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="e2e-images", daemon=True)
+
+    def start(self) -> ImageBuild:
+        self._thread.start()
+        return self
+
+    def wait(self) -> float:
+        """Seconds waited for the build (and the archives) to be done."""
+        began = time.monotonic()
+        self._thread.join()
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        """The session ends before the build does (a failure with -x, an interrupt): the build goes too."""
+        self._stopped = True
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+        self._thread.join(60)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _step(self, name: str, cmd: list[str], timeout: float) -> bool:
+        began = time.monotonic()
+        log = self.scratch / "build.log"
+        with log.open("a") as out:
+            self._process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+            try:
+                code = self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                code = self._process.wait()
+        self.seconds[name] = round(time.monotonic() - began, 1)
+        if code != 0 and not self._stopped:
+            self.error = f"{shlex.join(cmd)} failed ({code}):\n{log.read_text()[-6000:]}"
+        return code == 0
+
+    def _run(self) -> None:
+        if not self._step("make images", ["make", "-C", str(ROOT), "images", "BUILDER=podman"], 3600):
+            return
+        for role, tag in self.names.all().items():
+            archive = self.scratch / f"{role}.tar"
+            if not self._step(f"save {role}", ["podman", "save", "--format", "docker-archive", "-o",
+                                                str(archive), tag], 900):
+                return
+            self.archives[role] = archive
+
+
+#: The build, started at collection (empty while this folder's tests are not run).
+BUILD: list[ImageBuild] = []
+
+
+def start_build() -> ImageBuild:
+    install_build_tools()
+    BUILD.append(ImageBuild(Path(tempfile.mkdtemp(prefix="autellix-e2e-images-", dir="/var/tmp"))).start())
+    return BUILD[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This folder's tests go last, and their images start building now, beside the rest of the suite."""
+    here = Path(__file__).parent
+    ours = [item for item in items if here in Path(item.path).parents]
+    if not ours:
+        return
+    moved = set(ours)
+    items[:] = [item for item in items if item not in moved] + ours
+    if skip_reason() is None and not BUILD and not config.option.collectonly:
+        start_build()
+
+
+def pytest_sessionfinish() -> None:
+    for build in BUILD:
+        build.stop()
+
+
 @pytest.fixture(scope="module")
-def images() -> Images:
+def image_build() -> ImageBuild:
     """Every image, built by the README's `make images` (podman's layer cache makes a rebuild of an
-    unchanged tree take seconds; a fresh machine builds from nothing)."""
+    unchanged tree take seconds; a fresh machine builds from nothing) and saved as archives, on the build
+    started at collection."""
     if reason := skip_reason():
         pytest.skip(reason)
-    install_build_tools()
-    names = image_names()
-    with REPORT.phase("make images"):
-        done = subprocess.run(["make", "-C", str(ROOT), "images", "BUILDER=podman"], capture_output=True,
-                              text=True, timeout=3600)
-    assert done.returncode == 0, f"make images failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    build = BUILD[0] if BUILD else start_build()
+    REPORT.phases["waited for the images"] = round(build.wait(), 1)
+    REPORT.phases["make images (beside the suite)"] = build.seconds.get("make images", 0.0)
+    REPORT.phases["images saved (beside the suite)"] = round(sum(
+        seconds for name, seconds in build.seconds.items() if name.startswith("save ")), 1)
+    assert build.error is None, build.error
     builds = ROOT / "images" / "out" / "builds.json"
     record = json.loads(builds.read_text()) if builds.is_file() else {}
-    for role, tag in names.all().items():
+    for role, tag in build.names.all().items():
         REPORT.images[role] = {"tag": tag, "size_mb": round(podman_size(tag) / 1e6),
                                "build_s": (record.get(tag) or {}).get("seconds")}
-    return names
+    return build
+
+
+@pytest.fixture(scope="module")
+def images(image_build: ImageBuild) -> Images:
+    return image_build.names
 
 
 @dataclass
@@ -256,10 +355,8 @@ class Node:
     kube: Kube
     name: str
 
-    def load(self, tag: str, scratch: Path) -> None:
-        archive = scratch / (tag.replace("/", "_").replace(":", "_") + ".tar")
-        subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(archive), tag], check=True,
-                       capture_output=True, timeout=900)
+    def load(self, archive: Path) -> None:
+        """An image saved by ``podman save`` onto the node; the archive goes once loaded."""
         try:
             subprocess.run([str(CONTROL_PLANE), "load", str(self.kube.folder), str(archive)], check=True,
                            capture_output=True, timeout=900)
@@ -268,7 +365,7 @@ class Node:
 
 
 @pytest.fixture(scope="module")
-def node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(image_build: ImageBuild, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     try:
         kubectl, helm = find_kubectl(), find_helm()
     except BinaryUnavailable as exc:
@@ -281,11 +378,10 @@ def node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         assert up.returncode == 0, f"control-plane node: {up.stdout}\n{up.stderr}"
         kube = Kube(folder, folder / "admin.kubeconfig", kubectl, helm)
         name = (folder / "node" / "name").read_text().strip()
-        scratch = tmp_path_factory.mktemp("image-archives")
-        with REPORT.phase("images saved and loaded on the node"):
-            for role, tag in images.all().items():
+        with REPORT.phase("images loaded on the node"):
+            for role, archive in image_build.archives.items():
                 began = time.monotonic()
-                Node(kube, name).load(tag, scratch)
+                Node(kube, name).load(archive)
                 REPORT.images[role]["load_s"] = round(time.monotonic() - began, 1)
         with PodSampler(kube, name, REPORT.pods):
             yield Node(kube, name)
