@@ -6,9 +6,9 @@ image the chart runs on the Debian base made here (nothing is pulled: no registr
 ``control-plane load`` puts them on the node. What this folder checks is what a user meets: ``helm
 install --wait`` with pods that start, engines, an endpoint called from another namespace, AgentPrograms,
 autoscaling, faults and the uninstall (test_user_path.py). Skipped, with the reason, without root or
-``../shared/kubernetes``; ``AUTELLIX_E2E=0`` skips it on purpose. In the whole suite these tests run last,
-and their images build from the start on a thread beside the other tests, which leave most of the cores
-idle (``ImageBuild``).
+``../shared/kubernetes``; ``AUTELLIX_E2E=0`` skips it on purpose. In the whole suite these tests run last:
+their node comes up once the suite is collected, and their images build and load onto it on a thread
+beside the other tests, which leave most of the cores idle (``NodeWithImages``).
 
 A report of the run (each phase's duration, the images' build times and sizes, each pod's peak CPU and
 memory from the kubelet's summary API) goes to ``$AUTELLIX_E2E_REPORT`` (default: the session's temporary
@@ -233,39 +233,59 @@ def podman_size(tag: str) -> int:
     return int(out.strip())
 
 
-class ImageBuild:
-    """`make images`, then every image saved as an archive for the node, on a thread started once the suite
-    is collected (``pytest_collection_modifyitems`` below). The build is minutes of work, and the rest of the
-    suite leaves most of the two cores idle (it waits on engines, sockets and timers; the Makefile builds at
-    nice 10, behind the tests): so the images are ready, or nearly, when this folder's tests, run last, ask
-    for them."""
+class NodeWithImages:
+    """The node this folder's tests run on, brought up once the suite is collected
+    (``pytest_collection_modifyitems`` below), and every image built by `make images`, saved and loaded onto
+    it on a thread beside the rest of the suite. The build and the loads are minutes of work, and the rest of
+    the suite leaves most of the two cores idle (it waits on engines, sockets and timers; the Makefile builds
+    at nice 10, behind the tests): so the node has its images, or nearly, when this folder's tests, run last,
+    ask for them. The node comes up before anything else runs (its packages and binaries installed then,
+    never beside another install: two apt-gets at once fail on dpkg's lock) and goes down at the end of the
+    session, whatever happened."""
 
-    def __init__(self, scratch: Path) -> None:
-        self.scratch = scratch
+    def __init__(self, folder: Path, scratch: Path) -> None:
+        self.folder, self.scratch = folder, scratch
         self.names = image_names()
-        self.archives: dict[str, Path] = {}
         self.seconds: dict[str, float] = {}
+        self.loaded: dict[str, float] = {}
         self.error: str | None = None
+        self.up = False
         self._process: subprocess.Popen[str] | None = None
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="e2e-images", daemon=True)
 
-    def start(self) -> ImageBuild:
+    def start(self) -> NodeWithImages:
+        install_build_tools()
+        began = time.monotonic()
+        up = subprocess.run([str(CONTROL_PLANE), "node", str(self.folder)], capture_output=True, text=True,
+                            timeout=600)
+        self.seconds["control plane and node up"] = round(time.monotonic() - began, 1)
+        if up.returncode != 0:  # the e2e fixtures fail with it; the rest of the suite goes on
+            self.error = f"control-plane node: {up.stdout}\n{up.stderr}"
+            return self
+        self.up = True
         self._thread.start()
         return self
 
     def wait(self) -> float:
-        """Seconds waited for the build (and the archives) to be done."""
+        """Seconds waited for the images to be on the node."""
         began = time.monotonic()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         return time.monotonic() - began
 
     def stop(self) -> None:
-        """The session ends before the build does (a failure with -x, an interrupt): the build goes too."""
+        """The end of the session (or of the node's fixture): the build, if it still runs, and the node go."""
         self._stopped = True
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
-        self._thread.join(60)
+        if self._thread.is_alive():
+            self._thread.join(60)
+        if self.up:
+            down = subprocess.run([str(CONTROL_PLANE), "down", str(self.folder)], capture_output=True, timeout=300)
+            self.up = False
+            if down.returncode == 0:  # the node's containerd holds GBs of image layers under the folder
+                shutil.rmtree(self.folder, ignore_errors=True)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _step(self, name: str, cmd: list[str], timeout: float) -> bool:
@@ -278,7 +298,7 @@ class ImageBuild:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 code = self._process.wait()
-        self.seconds[name] = round(time.monotonic() - began, 1)
+        self.seconds[name] = self.seconds.get(name, 0.0) + round(time.monotonic() - began, 1)
         if code != 0 and not self._stopped:
             self.error = f"{shlex.join(cmd)} failed ({code}):\n{log.read_text()[-6000:]}"
         return code == 0
@@ -288,64 +308,68 @@ class ImageBuild:
             return
         for role, tag in self.names.all().items():
             archive = self.scratch / f"{role}.tar"
-            if not self._step(f"save {role}", ["podman", "save", "--format", "docker-archive", "-o",
-                                                str(archive), tag], 900):
-                return
-            self.archives[role] = archive
+            began = time.monotonic()
+            try:
+                if not (self._step("images saved", ["podman", "save", "--format", "docker-archive", "-o",
+                                                    str(archive), tag], 900)
+                        and self._step("images loaded on the node",
+                                       [str(CONTROL_PLANE), "load", str(self.folder), str(archive)], 900)):
+                    return
+            finally:
+                archive.unlink(missing_ok=True)
+            self.loaded[role] = round(time.monotonic() - began, 1)
 
 
-#: The build, started at collection (empty while this folder's tests are not run).
-BUILD: list[ImageBuild] = []
+#: The node and its images, from collection on (empty while this folder's tests are not run).
+PREPARED: list[NodeWithImages] = []
 
 
-def start_build() -> ImageBuild:
-    install_build_tools()
-    BUILD.append(ImageBuild(Path(tempfile.mkdtemp(prefix="autellix-e2e-images-", dir="/var/tmp"))).start())
-    return BUILD[0]
+def prepare(folder: Path) -> NodeWithImages:
+    PREPARED.append(NodeWithImages(folder, Path(tempfile.mkdtemp(prefix="autellix-e2e-images-", dir="/var/tmp")))
+                    .start())
+    return PREPARED[0]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """This folder's tests go last, and their images start building now, beside the rest of the suite."""
+    """This folder's tests go last, and their node and images are prepared now, beside the rest of the suite."""
     here = Path(__file__).parent
     ours = [item for item in items if here in Path(item.path).parents]
     if not ours:
         return
     moved = set(ours)
     items[:] = [item for item in items if item not in moved] + ours
-    if skip_reason() is None and not BUILD and not config.option.collectonly:
-        start_build()
+    if skip_reason() is None and not PREPARED and not config.option.collectonly:
+        prepare(Path(tempfile.mkdtemp(prefix="autellix-e2e-node-", dir="/var/tmp")))
 
 
 def pytest_sessionfinish() -> None:
-    for build in BUILD:
-        build.stop()
+    for prepared in PREPARED:
+        prepared.stop()
 
 
 @pytest.fixture(scope="module")
-def image_build() -> ImageBuild:
-    """Every image, built by the README's `make images` (podman's layer cache makes a rebuild of an
-    unchanged tree take seconds; a fresh machine builds from nothing) and saved as archives, on the build
-    started at collection."""
+def prepared() -> NodeWithImages:
+    """The node, with every image built by the README's `make images` (podman's layer cache makes a rebuild
+    of an unchanged tree take seconds; a fresh machine builds from nothing) loaded onto it."""
     if reason := skip_reason():
         pytest.skip(reason)
-    build = BUILD[0] if BUILD else start_build()
-    REPORT.phases["waited for the images"] = round(build.wait(), 1)
-    REPORT.phases["make images (beside the suite)"] = build.seconds.get("make images", 0.0)
-    REPORT.phases["images saved (beside the suite)"] = round(sum(
-        seconds for name, seconds in build.seconds.items() if name.startswith("save ")), 1)
-    assert build.error is None, build.error
+    ready = PREPARED[0] if PREPARED else prepare(Path(tempfile.mkdtemp(prefix="autellix-e2e-node-", dir="/var/tmp")))
+    REPORT.phases["waited for the images"] = round(ready.wait(), 1)
+    REPORT.phases.update({f"{name} (beside the suite)" if name != "control plane and node up" else name: seconds
+                          for name, seconds in ready.seconds.items()})
+    assert ready.error is None, ready.error
     builds = ROOT / "images" / "out" / "builds.json"
     record = json.loads(builds.read_text()) if builds.is_file() else {}
-    for role, tag in build.names.all().items():
+    for role, tag in ready.names.all().items():
         REPORT.images[role] = {"tag": tag, "size_mb": round(podman_size(tag) / 1e6),
-                               "build_s": (record.get(tag) or {}).get("seconds")}
-    return build
+                               "build_s": (record.get(tag) or {}).get("seconds"), "load_s": ready.loaded.get(role)}
+    return ready
 
 
 @pytest.fixture(scope="module")
-def images(image_build: ImageBuild) -> Images:
-    return image_build.names
+def images(prepared: NodeWithImages) -> Images:
+    return prepared.names
 
 
 @dataclass
@@ -355,40 +379,21 @@ class Node:
     kube: Kube
     name: str
 
-    def load(self, archive: Path) -> None:
-        """An image saved by ``podman save`` onto the node; the archive goes once loaded."""
-        try:
-            subprocess.run([str(CONTROL_PLANE), "load", str(self.kube.folder), str(archive)], check=True,
-                           capture_output=True, timeout=900)
-        finally:
-            archive.unlink(missing_ok=True)
-
 
 @pytest.fixture(scope="module")
-def node(image_build: ImageBuild, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(prepared: NodeWithImages, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     try:
         kubectl, helm = find_kubectl(), find_helm()
     except BinaryUnavailable as exc:
         pytest.skip(f"no kubectl/helm: {exc}")
-    folder = tmp_path_factory.mktemp("node")
+    folder = prepared.folder
     try:
-        with REPORT.phase("control plane and node up"):
-            up = subprocess.run([str(CONTROL_PLANE), "node", str(folder)], capture_output=True, text=True,
-                                timeout=600)
-        assert up.returncode == 0, f"control-plane node: {up.stdout}\n{up.stderr}"
         kube = Kube(folder, folder / "admin.kubeconfig", kubectl, helm)
         name = (folder / "node" / "name").read_text().strip()
-        with REPORT.phase("images loaded on the node"):
-            for role, archive in image_build.archives.items():
-                began = time.monotonic()
-                Node(kube, name).load(archive)
-                REPORT.images[role]["load_s"] = round(time.monotonic() - began, 1)
         with PodSampler(kube, name, REPORT.pods):
             yield Node(kube, name)
     finally:
-        down = subprocess.run([str(CONTROL_PLANE), "down", str(folder)], capture_output=True, timeout=300)
-        if down.returncode == 0:  # the node's containerd holds GBs of image layers under the folder
-            shutil.rmtree(folder, ignore_errors=True)
+        prepared.stop()
         REPORT.facts["report"] = str(write_report(tmp_path_factory))
 
 

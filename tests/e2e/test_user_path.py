@@ -407,21 +407,31 @@ class PodsGone:
         self._thread.join(10)
 
 
+#: After a pass that finds pods still terminating, Kubernetes' namespace controller looks again only after
+#: half the longest grace period among them, plus a second (its ``ResourcesRemainingError`` estimate): with
+#: an engine's 120 s (its drain window), 61 s, however soon the pods are gone.
+NAMESPACE_RECHECK_S = 120 / 2 + 1
+
+
 def test_uninstall_and_namespace_deletion_finish(cluster: Cluster) -> None:
-    """`helm uninstall`, then deleting the namespace with an engine and a running AgentProgram in it: both
-    finish within 60 s, and nothing is left waiting."""
+    """`helm uninstall`, then deleting the namespace with an engine and a running AgentProgram in it: the
+    uninstall finishes within 60 s, every pod is gone within 60 s, and the namespace follows (within the
+    namespace controller's own second look): nothing is left waiting."""
     cluster.apply(example_program(cluster, "left-running"))
     eventually(lambda: (cluster.get("agentprogram", "left-running") or {}).get("status", {}).get("sessionId"), 120,
                "the program's session")
     started = time.monotonic()
     cluster.node.kube.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "60s", timeout=90)
     REPORT.phases["helm uninstall --wait"] = uninstall = round(time.monotonic() - started, 1)
+    bound = 60 + NAMESPACE_RECHECK_S
     started = time.monotonic()
     with PodsGone(cluster, NAMESPACE) as gone:
-        done = cluster.kubectl("delete", "namespace", NAMESPACE, "--timeout=60s", check=False, timeout=90)
+        done = cluster.kubectl("delete", "namespace", NAMESPACE, f"--timeout={bound:.0f}s", check=False,
+                               timeout=bound + 30)
     REPORT.phases["namespace deleted"] = deleted = round(time.monotonic() - started, 1)
     REPORT.facts["namespace deletion: seconds until each pod was gone"] = gone.seconds
     assert done.returncode == 0, done.stderr
-    assert uninstall < 60 and deleted < 60, (uninstall, deleted)
+    assert set(gone.seconds) == gone.pods and max(gone.seconds.values(), default=0) < 60, gone.seconds
+    assert uninstall < 60 and deleted < bound, (uninstall, deleted)
     assert cluster.get("namespace", NAMESPACE, "") is None
     cluster.kubectl("delete", "namespace", AGENTS, "--timeout=60s", check=False, timeout=90)
