@@ -185,6 +185,9 @@ FEEDBACK_INFO_PATH = FEEDBACK_PREFIX + "info"
 #: publishes them (``endpoint``, ``replay_endpoint``, ``topic``) and how it names blocks (``block_size``,
 #: ``hash_algorithm``, ``hash_seed``); absent or null when it publishes none.
 INFO_KV_EVENTS = "kv_events"
+#: The info's count of calls the engine runs at once (vLLM's ``max_num_seqs``): Algorithm 2 weighs what an
+#: engine holds by its size (``autellix.core.balancers.autellix``).
+INFO_MAX_NUM_SEQS = "max_num_seqs"
 #: A pod's engine publishes its KV cache events on this TCP port, their replay on the next.
 KV_EVENTS_PORT = 5557
 #: ``GET``: the files the engine tokenizes with, ``{"tokenizer_json": TEXT, "tokenizer_config": {...}}``, so that
@@ -355,6 +358,7 @@ __all__ = [
     "HEALTH_PATH",
     "IMPLICIT_SESSION_HEADERS",
     "INFO_KV_EVENTS",
+    "INFO_MAX_NUM_SEQS",
     "KV_EVENTS_PORT",
     "MAX_ID_LENGTH",
     "MAX_PRIORITY_CLASS",

@@ -49,6 +49,9 @@ class VirtualEngines:
     def seconds_per_token(self, url: str) -> float:
         return 0.01
 
+    def slots(self, url: str) -> int | None:
+        return None
+
 
 def controller(engines: VirtualEngines, *, policy: str = "plas", max_attempts: int = 3,
                sleeps: list[float] | None = None) -> RequestController:

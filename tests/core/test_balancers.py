@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from autellix.core import (
@@ -11,6 +13,7 @@ from autellix.core import (
     least_used_engine,
     policy_by_name,
 )
+from autellix.core.balancers.autellix import REFERENCE_SLOTS, tokens_per_call
 
 
 def test_least_used_breaks_ties_by_name():
@@ -79,6 +82,24 @@ def test_an_unpinned_call_goes_where_its_prefix_is_until_load_outweighs_it():
     assert lb.choose({"e1": 2, "e2": 6}, prompt_tokens=6000, pinned=None, cached={"e2": 3000}) == ("e1", "e1")
     # a short call keeps its program's pin and goes where it is cheapest
     assert lb.choose({"e1": 2, "e2": 4}, prompt_tokens=100, pinned="e1", cached={"e2": 3000}) == ("e2", "e1")
+
+
+def test_a_short_calls_cached_tokens_weigh_more_on_a_larger_engine_and_never_less_than_set():
+    """On an engine of 32 reference sizes (256 slots against 8) a call in flight costs the others less, so a
+    short call's cached tokens weigh sqrt(32) ~ 5.7 times as many calls; at the reference size, below it, or
+    where the size is unknown, as set. A long call's place pins its program: its cached tokens weigh as set."""
+    lb = LocalityBalancer(long_prompt_tokens=2048, cached_tokens_per_call=1000)
+    loads, cached = {"e1": 2, "e2": 10}, {"e2": 1500}
+    assert lb.choose(loads, prompt_tokens=2000, pinned=None, cached=cached).engine == "e1"  # 10 - 1.5 > 2
+    for sizes in ({"e1": 8, "e2": 8}, {"e2": 4}):
+        assert lb.choose(loads, prompt_tokens=2000, pinned=None, cached=cached, slots=sizes).engine == "e1"
+    big = {"e1": 256, "e2": 256}  # 1500 tokens weigh as 1.5 x 5.66 = 8.5 calls: 10 - 8.5 < 2
+    assert lb.choose(loads, prompt_tokens=2000, pinned="e1", cached=cached, slots=big) == ("e2", "e1")
+    assert lb.choose({"e1": 2, "e2": 11}, prompt_tokens=2000, pinned=None, cached=cached, slots=big).engine == "e1"
+    # the same prefix in a long call, which pins: as set (10 - 1.5 > 2)
+    assert lb.choose(loads, prompt_tokens=4000, pinned=None, cached=cached, slots=big) == ("e1", "e1")
+    assert tokens_per_call(1000, 256) == pytest.approx(1000 / math.sqrt(32))
+    assert [tokens_per_call(1000, s) for s in (None, 1, 4, REFERENCE_SLOTS)] == [1000] * 4
 
 
 def test_a_pinned_long_call_stays_and_no_index_is_the_papers_rule():

@@ -128,10 +128,17 @@ def index_blocks(gw: str) -> float:
 
 
 def test_a_gateway_routes_by_the_emulators_events(tmp_path) -> None:
-    with emulator_process(2, "--time-scale", "0.05", log_path=tmp_path / "emulator.log") as urls:
+    with emulator_process(2, "--time-scale", "0.05", "--max-num-seqs", "6",
+                          log_path=tmp_path / "emulator.log") as urls:
         first, second = sorted(urls)  # idle engines tie: the first by name takes a call
         # no --tokenizer: the gateway fetches the emulator's (the tiny model's) to hash prompts as it does
         with gateway(urls, "--no-program-admission", log_path=tmp_path / "gateway.log") as gw:
+            # each engine's size, as its info says, once it turned healthy: what its cached tokens are weighed by
+            deadline = time.monotonic() + 20
+            while (sizes := {e["url"]: e["slots"] for e in http("GET", admin_url(gw) + "/admin/engines")[1]["data"]
+                             if e["healthy"]}) != dict.fromkeys(urls, 6):
+                assert time.monotonic() < deadline, sizes
+                time.sleep(0.1)
             deadline = time.monotonic() + 20
             while True:  # a fresh system prompt each time: a call sent before the tokenizer came spoils only its own
                 system = system_prompt("routing")

@@ -48,7 +48,8 @@ HELP: dict[str, str] = {
     "balancer": one_of(BALANCERS),
     "long_prompt_tokens": "Calls with more prompt tokens than this stick to their program's engine",
     "cached_tokens_per_call": "Algorithm 2: prompt tokens an engine holds that weigh as one call in flight "
-                              "(the KV event index; 0: least load alone)",
+                              "on an engine of 8 slots (a short call's weigh more on larger engines; the KV "
+                              "event index; 0: least load alone)",
     "program_idle_ttl": "Seconds without a call after which a program is dropped",
     "multi_step": "Re-plan the queues every N steps",
     "max_preemptions": "Engine: running calls preempted per step for better-ranked waiting ones (0: never)",

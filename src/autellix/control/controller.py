@@ -33,7 +33,7 @@ from autellix.backends.base import CallOutcome, EngineBackend
 from autellix.control.ids import UniqueIds
 from autellix.control.sessions import CallOwner
 from autellix.control.store.programs import ProgramStore
-from autellix.core import NOTHING_CACHED, Balancer, NoEngine, Policy, PrefixIndex, QueueSpec
+from autellix.core import NOTHING_CACHED, UNKNOWN_SLOTS, Balancer, NoEngine, Policy, PrefixIndex, QueueSpec
 from autellix.protocol import APIError, CallRecord, SchedulingFields
 
 log = logging.getLogger("autellix.control")
@@ -80,6 +80,10 @@ class EngineDirectory(Protocol):
         ...
 
     def seconds_per_token(self, url: str) -> float: ...
+
+    def slots(self, url: str) -> int | None:
+        """The calls the engine runs at once (vLLM's ``max_num_seqs``), if it said."""
+        ...
 
 
 class ControllerObserver(Protocol):
@@ -255,6 +259,9 @@ class RequestController:
                                 thread=thread_id, level=level, tree=view.tree or None, declared=view.declared,
                                 tenant=tenant, tenant_weight=self.store.tenants.weight(tenant))
 
+    def _slots(self, loads: Mapping[str, float]) -> dict[str, int]:
+        return {engine: size for engine in loads if (size := self.engines.slots(engine)) is not None}
+
     # ---- one call -------------------------------------------------------------------
     async def call(self, spec: CallSpec, send: EngineCall[T]) -> T:
         """Run the call through at most ``max_attempts`` engines; ``send`` talks to one.
@@ -287,8 +294,9 @@ class RequestController:
                         raise NoAllowedEngine(spec.allowed_engines)
                 try:
                     pinned = self.store.pinned(program_id, spec.model)
+                    held = cached.of(loads, pinned)
                     route = self.balancer.choose(loads, prompt_tokens=spec.prompt_tokens, pinned=pinned,
-                                                 cached=cached.of(loads, pinned))
+                                                 cached=held, slots=self._slots(loads) if held else UNKNOWN_SLOTS)
                 except NoEngine:
                     journal.result = "no_engine" if not tried else "failed"
                     raise no_engine(spec.model) from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autellix.core.balancers import (
     NOTHING_CACHED,
+    UNKNOWN_SLOTS,
     Balancer,
     LeastUsedBalancer,
     LocalityBalancer,
@@ -43,6 +44,7 @@ __all__ = [
     "NOTHING_CACHED",
     "PLAS",
     "POLICIES",
+    "UNKNOWN_SLOTS",
     "ActiveCall",
     "Balancer",
     "ConfigError",

@@ -80,7 +80,8 @@ class SchedulerConfig:
     #: Calls with more prompt tokens than this stick to their program's engine.
     long_prompt_tokens: int = 2048
     #: Algorithm 2: prompt tokens an engine holds (the KV event index) that weigh as one call in flight
-    #: when a call that is not pinned is placed; 0: the index is not consulted (least load alone).
+    #: when a call that is not pinned is placed, on an engine of 8 slots (a short call's weigh more on a
+    #: larger engine: ``core.balancers.autellix``); 0: the index is not consulted (least load alone).
     cached_tokens_per_call: int = 256
     #: A program with no call for this long (seconds) is dropped from the table.
     program_idle_ttl: float = 600.0

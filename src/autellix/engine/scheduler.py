@@ -61,7 +61,7 @@ from autellix.engine.kv.retention import (
 from autellix.engine.kv_events import describe as describe_kv_events
 from autellix.engine.planner import CallIdentity, CallPlanner
 from autellix.engine.step_trace import StepTrace
-from autellix.protocol import INFO_KV_EVENTS
+from autellix.protocol import INFO_KV_EVENTS, INFO_MAX_NUM_SEQS
 
 log = logging.getLogger("autellix.engine.scheduler")
 
@@ -132,7 +132,7 @@ class AutellixScheduler(TracedScheduler):
         if self.feedback is not None:
             self.feedback.publish("hello", {"scheduler": "autellix", "pid": os.getpid(),
                                             "config": self.autellix_config.to_mapping(),
-                                            "max_num_seqs": self.max_num_running_reqs,
+                                            INFO_MAX_NUM_SEQS: self.max_num_running_reqs,
                                             INFO_KV_EVENTS: describe_kv_events(
                                                 self.vllm_config, manager.block_pool.hash_block_size)})
         log.info("Autellix scheduler: %s", self.autellix_config.to_mapping())

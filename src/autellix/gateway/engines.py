@@ -28,7 +28,7 @@ from autellix.backends import EngineBackend, VllmBackend, parse_metrics
 from autellix.control.background import cancel
 from autellix.control.breaker import CircuitBreaker, is_failure_status
 from autellix.core.engine_load import EngineLoad
-from autellix.protocol import FEEDBACK_WAIT_PARAM, INFO_KV_EVENTS, MODELS_PATH, CallRecord
+from autellix.protocol import FEEDBACK_WAIT_PARAM, INFO_KV_EVENTS, INFO_MAX_NUM_SEQS, MODELS_PATH, CallRecord
 
 log = logging.getLogger("autellix.gateway.engines")
 
@@ -102,6 +102,8 @@ class EngineState:
     #: The KV cache: blocks in all and tokens per block (from the engine's metrics, once), the share held.
     kv_blocks: tuple[int, int] | None = None
     kv_usage: float = 0.0
+    #: The calls it runs at once, as its Autellix scheduler describes it (None: not said).
+    slots: int | None = None
 
     @property
     def load(self) -> float:
@@ -189,7 +191,7 @@ class EnginePool:
         """Every engine of the pool, for the admin API (what an autoscaler polls)."""
         now = time.monotonic()
         return [{"url": e.url, "healthy": e.healthy, "draining": e.draining, "load": e.load,
-                 "inflight": e.inflight, "running": e.running, "waiting": e.waiting,
+                 "inflight": e.inflight, "running": e.running, "waiting": e.waiting, "slots": e.slots,
                  "models": sorted(e.model_ids), "failures": e.failures,
                  "hung_backoff_s": round(max(0.0, e.hung_until - now), 3), "breaker": e.breaker.describe(now)}
                 for e in sorted(self.engines.values(), key=lambda e: e.url)]
@@ -269,6 +271,10 @@ class EnginePool:
         engine = self.engines.get(url)
         return engine.seconds_per_token if engine else DEFAULT_SECONDS_PER_TOKEN
 
+    def slots(self, url: str) -> int | None:
+        engine = self.engines.get(url)
+        return engine.slots if engine else None
+
     # ---- background polling --------------------------------------------------
     async def start(self) -> None:
         await self.refresh()
@@ -324,8 +330,12 @@ class EnginePool:
                     async with self.http.get(engine.url + info, timeout=timeout) as r:
                         engine.feedback = r.status == 200
                         described = await r.json() if engine.feedback else None
+                    described = described if isinstance(described, dict) else {}
+                    slots = described.get(INFO_MAX_NUM_SEQS)
+                    engine.slots = slots if isinstance(slots, int) and not isinstance(slots, bool) and slots > 0 \
+                        else None
                     if self.on_described is not None:
-                        events = described.get(INFO_KV_EVENTS) if isinstance(described, dict) else None
+                        events = described.get(INFO_KV_EVENTS)
                         self.on_described(engine.url, events if isinstance(events, dict) else None)
         except TimeoutError as exc:
             # A slow answer is not a dead engine: under a burst the engine (or

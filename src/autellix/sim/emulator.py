@@ -61,6 +61,7 @@ from autellix.protocol import (
     FEEDBACK_INFO_PATH,
     FEEDBACK_TOKENIZER_PATH,
     INFO_KV_EVENTS,
+    INFO_MAX_NUM_SEQS,
     RECORD_HEADER,
     XARG_CALL,
     XARG_DECLARED,
@@ -511,7 +512,8 @@ async def info(request: web.Request) -> web.Response:
     if engine.scheduler != "autellix":
         raise APIError(404, "No Autellix scheduler runs behind this server.", code="not_found")
     return web.json_response({"scheduler": "autellix", "emulated": True, "profile": engine.profile.name,
-                              "time_scale": engine.time_scale, INFO_KV_EVENTS: engine.description})
+                              "time_scale": engine.time_scale, INFO_MAX_NUM_SEQS: engine.profile.max_num_seqs,
+                              INFO_KV_EVENTS: engine.description})
 
 
 async def tokenizer(request: web.Request) -> web.Response:

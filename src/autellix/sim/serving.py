@@ -207,6 +207,9 @@ class _SimEngines:
     def seconds_per_token(self, url: str) -> float:
         return 0.0
 
+    def slots(self, url: str) -> int | None:
+        return self.engines[url].model.profile.max_num_seqs
+
 
 class ProgramRanks(Protocol):
     """An order of programs set from outside the policy: each call carries its program's rank in place of

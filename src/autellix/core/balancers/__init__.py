@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from autellix.core.balancers.autellix import LocalityBalancer
-from autellix.core.balancers.base import NOTHING_CACHED, Balancer, NoEngine, Route, least_used_engine
+from autellix.core.balancers.base import NOTHING_CACHED, UNKNOWN_SLOTS, Balancer, NoEngine, Route, least_used_engine
 from autellix.core.balancers.least_used import LeastUsedBalancer
 from autellix.core.balancers.prefix_score import PrefixScoreBalancer
 from autellix.core.balancers.round_robin import RoundRobinBalancer
@@ -37,6 +37,7 @@ def balancer_from_config(config: SchedulerConfig) -> Balancer:
 
 __all__ = [
     "NOTHING_CACHED",
+    "UNKNOWN_SLOTS",
     "Balancer",
     "LeastUsedBalancer",
     "LocalityBalancer",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autellix.core.balancers.base import NOTHING_CACHED, NoEngine, Route, live_pin
+from autellix.core.balancers.base import NOTHING_CACHED, UNKNOWN_SLOTS, NoEngine, Route, live_pin
 
 PREFIX_WEIGHT = 3.0
 QUEUE_WEIGHT = 2.0
@@ -23,7 +23,7 @@ class PrefixScoreBalancer:
     name = "prefix_score"
 
     def choose(self, loads: Mapping[str, float], *, prompt_tokens: int, pinned: str | None,
-               cached: Mapping[str, int] = NOTHING_CACHED) -> Route:
+               cached: Mapping[str, int] = NOTHING_CACHED, slots: Mapping[str, int] = UNKNOWN_SLOTS) -> Route:
         if not loads:
             raise NoEngine("no engine is available")
         most, least = max(loads.values()), min(loads.values())

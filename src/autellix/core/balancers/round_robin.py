@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autellix.core.balancers.base import NOTHING_CACHED, NoEngine, Route, live_pin
+from autellix.core.balancers.base import NOTHING_CACHED, UNKNOWN_SLOTS, NoEngine, Route, live_pin
 
 
 class RoundRobinBalancer:
@@ -14,7 +14,7 @@ class RoundRobinBalancer:
         self._turn = 0
 
     def choose(self, loads: Mapping[str, float], *, prompt_tokens: int, pinned: str | None,
-               cached: Mapping[str, int] = NOTHING_CACHED) -> Route:
+               cached: Mapping[str, int] = NOTHING_CACHED, slots: Mapping[str, int] = UNKNOWN_SLOTS) -> Route:
         if not loads:
             raise NoEngine("no engine is available")
         engines = sorted(loads)
