@@ -22,7 +22,8 @@ square root of its size over the reference (never less than as set; as set
 where the size is unknown). A long call pins its program where it goes, and a
 place chosen for its cache against the load then holds for every later call
 of the program: its cached tokens weigh as set. Fitted on the simulator
-(``docs/results/2026-12-06-kv-event-index.md``, sections 5 and 6).
+(``docs/results/2026-12-06-kv-event-index.md``, section 5, and
+``docs/results/2026-12-07-cached-tokens-by-engine-size.md``).
 """
 
 from __future__ import annotations
