@@ -17,7 +17,6 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from autellix.backends import CallOutcome, EngineBackend
@@ -27,6 +26,7 @@ from autellix.control.sessions import CallOwner
 from autellix.control.size_hints import declared_tokens
 from autellix.gateway.config import GatewayConfig
 from autellix.gateway.dialects import Dialect
+from autellix.gateway.engine_calls import Timeouts
 from autellix.gateway.engine_http import EngineHttp
 from autellix.gateway.engines import EnginePool
 from autellix.gateway.errors import not_found, unavailable
@@ -108,10 +108,12 @@ class CallPath:
         self.backend, self.http, self.count_tokens = backend, http, count_tokens
         #: A call's KV block hashes for the KV event index (None: routing does not look them up).
         self.prompt_blocks = prompt_blocks
-        #: An attempt's connect, read and total bounds, streamed (True) and whole (False).
-        self._timeouts = {stream: aiohttp.ClientTimeout(
-            total=config.attempt_timeout, sock_connect=config.connect_timeout,
-            sock_read=config.idle_read_timeout if stream else config.whole_timeout) for stream in (True, False)}
+        #: An attempt's bounds, streamed (True) and whole (False): a whole call's headers come with its
+        #: last token, so its head and read bounds are the whole answer's.
+        self._timeouts = {stream: Timeouts(
+            connect=config.connect_timeout, total=config.attempt_timeout,
+            head=config.stream_header_timeout if stream else config.whole_timeout,
+            read=config.idle_read_timeout if stream else config.whole_timeout) for stream in (True, False)}
 
     async def prompt_tokens(self, dialect: Dialect, body: Mapping[str, Any]) -> int:
         """The prompt's length; a long text is tokenised on a thread, so it never stalls the
@@ -165,11 +167,10 @@ class CallPath:
                     on_answer: OnAnswer | None, attempt: Attempt[Any]) -> web.StreamResponse:
         """One attempt at one engine: raises ``EngineFailure`` while the call may still move."""
         config = self.config
-        header_timeout = config.stream_header_timeout if attempt.stream else None
         # the call id asks the engine to put the call's record in its answer (one request fewer)
         headers = {**JSON_HEADERS, CALL_HEADER: attempt.call_id}
-        upstream = await open_upstream(self.http, attempt.engine + attempt.path, attempt.body, headers,
-                                       header_timeout=header_timeout, timeout=self._timeouts[attempt.stream])
+        upstream = await open_upstream(self.http.calls, attempt.engine + attempt.path, attempt.body, headers,
+                                       self._timeouts[attempt.stream], stream=attempt.stream)
         if upstream.status == 200 and on_answer is not None:
             try:
                 await on_answer(attempt)

@@ -23,6 +23,7 @@ from aiohttp import web
 from autellix.backends import CallOutcome, EngineBackend
 from autellix.control.controller import EngineFailure
 from autellix.gateway.dialects import Dialect, StreamReader
+from autellix.gateway.engine_calls import ConnectFailed, Dropped, EngineAnswer, EngineCalls, HeadTimeout, Timeouts
 from autellix.protocol import RECORD_HEADER, CallRecord
 
 #: Response headers that describe the upstream connection, not the content.
@@ -65,55 +66,51 @@ class ClientTooSlow(Exception):
     """The client read nothing for ``write_timeout`` seconds: its call is given up."""
 
 
-async def open_upstream(http: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                        headers: dict[str, str], *, header_timeout: float | None = None,
-                        timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientResponse:
+async def open_upstream(calls: EngineCalls, url: str, body: dict[str, Any], headers: dict[str, str],
+                        timeouts: Timeouts, *, stream: bool) -> EngineAnswer:
     """POST the call; returns once the engine's response headers are in.
 
-    ``header_timeout`` bounds that wait. vLLM answers a streamed call's headers
+    ``timeouts.head`` bounds that wait. vLLM answers a streamed call's headers
     as soon as the call is queued, before its first token, so an engine that
     sends none in that time accepted the call and hung: the call has not
-    started for the client and may move to another engine. (A whole call's
-    headers come with its last token, so it gets no such bound.) ``timeout``: the
-    attempt's connect, read (idle between chunks) and total bounds.
+    started for the client and may move to another engine (``EngineHung``). A
+    whole call's headers come with its last token, so its head timeout is the
+    whole answer's: past it the call may have run, and is never sent twice.
 
-    A call dropped before any answer is sent once more: an engine closes idle
-    keep-alive connections (uvicorn after 5 s), and a call sent on one as it
-    closes is dropped unread. That is not the engine failing; counted as one, it
-    took a healthy engine out of the pool (with one engine, calls failed with
-    503 until its next health check). aiohttp does this itself only for
-    idempotent methods, not for a POST. The second try goes out on a new
-    connection or a live one (aiohttp drops the closed one), and a second drop
-    is the engine's: ``disconnected``. Telling a kept-alive connection from a
-    new one would spare a broken engine the second try, but takes aiohttp's
-    request tracing on every call (docs/gateway.md, "Failures", says what it
-    cost)."""
+    A call dropped before any answer on a kept-alive connection is sent once
+    more, on a new connection: an engine closes idle keep-alive connections
+    (uvicorn after 5 s), and a call sent on one as it closes is dropped unread.
+    That is not the engine failing; counted as one, it took a healthy engine
+    out of the pool (with one engine, calls failed with 503 until its next
+    health check). A call dropped on a new connection is the engine's doing:
+    ``disconnected``, and the call moves on."""
     data = orjson.dumps(body)
     for redial in (True, False):
         try:
-            post = http.post(url, data=data, headers=headers, **({"timeout": timeout} if timeout is not None else {}))
-            return await asyncio.wait_for(post, header_timeout)
-        except aiohttp.ConnectionTimeoutError as exc:  # nothing was sent: another engine may take it
-            raise EngineUnreachable(repr(exc), "connect") from exc
-        except TimeoutError as exc:
-            if header_timeout is not None:
-                raise EngineHung(f"no response headers within {header_timeout:g} s") from exc
+            return await calls.post(url, data, headers, timeouts)
+        except ConnectFailed as exc:  # nothing was sent: another engine may take it
+            raise EngineUnreachable(str(exc), "connect") from exc
+        except Dropped as exc:
+            if redial and exc.reused:
+                continue
+            raise EngineUnreachable(str(exc), "disconnected") from exc
+        except HeadTimeout as exc:
+            if stream:
+                raise EngineHung(f"no response headers within {timeouts.head:g} s") from exc
             # a whole call the engine took and did not answer in time: it may have run, never twice
             raise EngineFailure("timeout", repr(exc), retryable=False) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            if redial:
-                continue
+        except TimeoutError as exc:  # the attempt's whole time ran out before the answer's headers
+            raise EngineFailure("timeout", repr(exc), retryable=False) from exc
+        except (aiohttp.ClientError, OSError) as exc:  # reset, or a malformed answer before its body
             raise EngineUnreachable(repr(exc), "disconnected") from exc
-        except aiohttp.ClientConnectionError as exc:
-            raise EngineUnreachable(repr(exc), "connect") from exc
     raise AssertionError("unreachable: the second try returns or raises")
 
 
-def _copy_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+def _copy_headers(upstream: EngineAnswer) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
 
 
-def _outcome(upstream: aiohttp.ClientResponse) -> CallOutcome:
+def _outcome(upstream: EngineAnswer) -> CallOutcome:
     """The answer's outcome so far: its status, and the engine's record of the call if its
     headers carry one (``autellix.protocol.RECORD_HEADER``; a malformed one is ignored)."""
     outcome = CallOutcome(upstream.status)
@@ -125,7 +122,7 @@ def _outcome(upstream: aiohttp.ClientResponse) -> CallOutcome:
     return outcome
 
 
-async def relay_whole(upstream: aiohttp.ClientResponse, dialect: Dialect,
+async def relay_whole(upstream: EngineAnswer, dialect: Dialect,
                       backend: EngineBackend) -> tuple[web.Response, CallOutcome]:
     """The whole answer, read and passed on; its usage read by ``dialect``; an engine's error put in the
     dialect's shape (``Dialect.engine_error``)."""
@@ -191,7 +188,7 @@ async def _write(request: web.Request, response: web.StreamResponse, data: bytes
         raise ClientTooSlow(f"the client read nothing for {write_timeout:g} s") from None
 
 
-async def relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
+async def relay_stream(request: web.Request, upstream: EngineAnswer,
                        reader_for: Callable[[CallOutcome], StreamReader], *,
                        on_done: Callable[[CallOutcome], Awaitable[None]] | None = None,
                        write_timeout: float | None = None,
