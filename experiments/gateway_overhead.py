@@ -10,7 +10,10 @@ Starts an instant upstream (``experiments/instant_engine.py``), the Autellix gat
   second; the saturation rate is the best concurrency's median), driven by wrk
   (Debian's ``wrk``: a C load generator, faster than any target here) when it is
   installed, else by this script's aiohttp client, which on two cores may
-  saturate before the target does (the report's ``closed_loop_client`` says which).
+  saturate before the target does (the report's ``closed_loop_client`` says which);
+* over each closed loop, the serving process's CPU (user + system) per call and the
+  cores it used (CPU seconds per second): the target's own process, the instant
+  upstream's for ``direct``.
 
 Run: ``.venv/bin/python experiments/gateway_overhead.py [--format json]``. A
 benchmark, not a test: figures depend on the machine; compare them side by side.
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 
 HOST = "127.0.0.1"
 MODEL = "tiny-llama"
@@ -56,6 +60,8 @@ class Target:
     name: str
     url: str
     ready_path: str
+    #: The process whose CPU is the target's (0: not measured).
+    pid: int = 0
 
 
 @dataclass
@@ -66,6 +72,9 @@ class Results:
     p99: dict[str, list[float]] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     rps: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    #: CPU milliseconds per call and cores used, per concurrency, of the target's process.
+    cpu_ms: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    cores: dict[str, dict[int, list[float]]] = field(default_factory=dict)
 
 
 class Processes:
@@ -79,6 +88,9 @@ class Processes:
         log = (self.logdir / f"{name}.log").open("wb")
         self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                   stdin=subprocess.DEVNULL, start_new_session=True)))
+
+    def pid(self, name: str) -> int:
+        return next(proc.pid for started, proc in self.procs if started == name)
 
     def check_alive(self) -> None:
         for name, proc in self.procs:
@@ -202,6 +214,14 @@ async def closed_loop_wrk(url: str, concurrency: int, duration: float) -> float:
     return max(total - bad, 0) / seconds
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its threads so far (0 for no pid)."""
+    if not pid:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest rank; NaN for no values."""
     if not values:
@@ -227,9 +247,15 @@ async def measure(targets: list[Target], args: argparse.Namespace, procs: Proces
                 res.p99.setdefault(t.name, []).append(percentile(lat, 0.99) * 1e3)
                 res.errors[t.name] = res.errors.get(t.name, 0) + errors
                 for c in args.concurrency:
+                    cpu_before, started = cpu_seconds(t.pid), time.perf_counter()
                     rps = (await closed_loop_wrk(url, c, args.closed_duration) if args.closed_loop_client == "wrk"
                            else await closed_loop(http, url, c, args.closed_duration))
+                    cpu, wall = cpu_seconds(t.pid) - cpu_before, time.perf_counter() - started
                     res.rps.setdefault(t.name, {}).setdefault(c, []).append(rps)
+                    if t.pid:
+                        calls = max(1.0, rps * round(args.closed_duration))
+                        res.cpu_ms.setdefault(t.name, {}).setdefault(c, []).append(cpu * 1e3 / calls)
+                        res.cores.setdefault(t.name, {}).setdefault(c, []).append(cpu / wall)
                 if not args.quiet:
                     print(f"rep {rep + 1}/{args.reps} {t.name:>8}: p50 {res.p50[t.name][-1]:.2f} ms, "
                           f"p99 {res.p99[t.name][-1]:.2f} ms, "
@@ -250,6 +276,10 @@ def summarize(res: Results, args: argparse.Namespace) -> dict[str, Any]:
             "raw": {"p50_ms": res.p50[name], "p99_ms": res.p99[name], "rps": res.rps[name]},
         }
         entry["saturation_rps"] = max(entry["rps"].values())
+        if name in res.cpu_ms:
+            entry["cpu_ms_per_call"] = {c: med(v) for c, v in res.cpu_ms[name].items()}
+            entry["cores"] = {c: med(v) for c, v in res.cores[name].items()}
+            entry["raw"]["cpu_ms_per_call"], entry["raw"]["cores"] = res.cpu_ms[name], res.cores[name]
         if name != "direct":  # paired with direct in the same repetition
             entry["added_p50_ms"] = med(a - b for a, b in zip(res.p50[name], res.p50["direct"], strict=True))
             entry["added_p99_ms"] = med(a - b for a, b in zip(res.p99[name], res.p99["direct"], strict=True))
@@ -276,12 +306,15 @@ def print_table(summary: dict[str, Any]) -> None:
     table = Table(title=f"Gateway overhead: {summary['rate']:.0f} req/s open loop for {summary['duration_s']:.0f} s, "
                         f"median of {summary['reps']} interleaved repetitions")
     for col in ["target", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms",
-                *(f"req/s c={c}" for c in cs), "saturation req/s", "errors"]:
+                *(f"req/s c={c}" for c in cs), "saturation req/s", "CPU ms/call", "cores", "errors"]:
         table.add_column(col, justify="left" if col == "target" else "right")
     for name, e in summary["targets"].items():
         added = [f"{e[k]:+.2f}" if k in e else "-" for k in ("added_p50_ms", "added_p99_ms")]
+        best = max(cs, key=lambda c: e["rps"][c])  # the CPU at the saturating concurrency
+        cpu = f"{e['cpu_ms_per_call'][best]:.3f}" if "cpu_ms_per_call" in e else "-"
+        cores = f"{e['cores'][best]:.2f}" if "cores" in e else "-"
         table.add_row(name, f"{e['p50_ms']:.2f}", f"{e['p99_ms']:.2f}", *added,
-                      *(f"{e['rps'][c]:.0f}" for c in cs), f"{e['saturation_rps']:.0f}", str(e["errors"]))
+                      *(f"{e['rps'][c]:.0f}" for c in cs), f"{e['saturation_rps']:.0f}", cpu, cores, str(e["errors"]))
     console = Console(width=None if sys.stdout.isatty() else 150)
     console.print(table)
     for key, label in (("gateway_over_router_saturation", "gateway / router saturation rate"),
@@ -296,7 +329,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=200.0, help="open-loop request rate (req/s)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of open-loop load per measurement")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 64], help="closed-loop callers")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 128], help="closed-loop callers")
     parser.add_argument("--closed-duration", type=float, default=3.0, help="seconds per closed-loop measurement")
     parser.add_argument("--closed-loop-client", choices=["wrk", "aiohttp"],
                         default="wrk" if shutil.which("wrk") else "aiohttp",
@@ -321,19 +354,21 @@ def main() -> None:
         # The gateway as it ships: `autellix gateway`, the defaults.
         procs.start("gateway", [sys.executable, "-m", "autellix", "gateway", "--port", str(gateway_port),
                                 "--engine", engine])
-        targets = [Target("direct", engine, "/health"), Target("gateway", f"http://{HOST}:{gateway_port}", "/ready")]
+        targets = [Target("direct", engine, "/health", procs.pid("engine")),
+                   Target("gateway", f"http://{HOST}:{gateway_port}", "/ready", procs.pid("gateway"))]
         if args.before is not None:
             before_port = free_port()
             procs.start("gateway-before", [sys.executable, "-m", "autellix", "gateway", "--port", str(before_port),
                                            "--engine", engine],
                         env={**os.environ, "PYTHONPATH": str(args.before.resolve() / "src")})
-            targets.append(Target("gateway-before", f"http://{HOST}:{before_port}", "/ready"))
+            targets.append(Target("gateway-before", f"http://{HOST}:{before_port}", "/ready",
+                                  procs.pid("gateway-before")))
         router = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
         if router and not args.no_router:
             procs.start("router", [router, "--worker-urls", engine, "--port", str(router_port),
                                    "--policy", "round_robin", "--prometheus-port", str(free_port()),
                                    "--log-level", "warning"])
-            targets.append(Target("router", f"http://{HOST}:{router_port}", "/health"))
+            targets.append(Target("router", f"http://{HOST}:{router_port}", "/health", procs.pid("router")))
         elif not args.no_router:
             print("vllm-router not found (pip install vllm-router==0.1.17); skipping it", file=sys.stderr)
         summary = summarize(asyncio.run(measure(targets, args, procs)), args)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
+import uvloop
 
 from autellix.engine.launch import EngineProcess
 from tests.live import TOKENIZER, gateway
@@ -14,3 +16,11 @@ from tests.live import TOKENIZER, gateway
 def gw(two_engines: list[EngineProcess]) -> Iterator[str]:
     with gateway([e.url for e in two_engines], "--tokenizer", TOKENIZER) as base:
         yield base
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config,
+                                  item: pytest.Item) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The call leg's client runs on asyncio's loop and on uvloop's (``autellix gateway`` runs on uvloop)."""
+    if item.module is not None and item.module.__name__.endswith("test_engine_calls"):
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}

@@ -1,7 +1,8 @@
 """The call leg's client against a real socket server that answers as each test scripts it.
 
 Black-box: what the server receives (requests, connections, disconnects) and what
-the caller gets (answers, bodies, the failure types the upstream leg maps).
+the caller gets (answers, bodies, the failure types the upstream leg maps). Each test
+runs on asyncio's event loop and on uvloop's, which ``autellix gateway`` runs on.
 """
 
 from __future__ import annotations
