@@ -21,6 +21,7 @@ programs or engines: that is the picker's (``autellix.epp.picker``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,13 +137,17 @@ class Decider(Protocol):
 ErrorAnswer = Callable[[APIError, RequestHead], tuple[int, bytes, dict[str, str]]]
 
 
+class StreamGone(ConnectionError):
+    """An answer could not be written: Envoy ended the stream (its client left)."""
+
+
 class Exchange:
     """One ext_proc stream, from its first message to its last answer (``run``); the ``GatewayLeg`` of it."""
 
     def __init__(self, requests: AsyncIterator[ProcessingRequest],
                  write: Callable[[ProcessingResponse], Awaitable[None]], decider: Decider,
                  error_answer: ErrorAnswer, *, max_body_bytes: int) -> None:
-        self._requests, self._write, self._decider = requests, write, decider
+        self._requests, self._send, self._decider = requests, write, decider
         self._error_answer = error_answer
         #: Largest request body the picker reads (a streamed body is otherwise unbounded): a 413 past it.
         self.max_body_bytes = max_body_bytes
@@ -166,6 +171,16 @@ class Exchange:
         return self._routed
 
     # ---- the stream ------------------------------------------------------------------------
+    async def _write(self, answer: ProcessingResponse) -> None:
+        """One answer to Envoy; ``StreamGone`` when the stream ended under it."""
+        try:
+            await self._send(answer)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the gRPC stack's own error for a write to a stream that is over
+            self._closed = True
+            raise StreamGone(f"the ext_proc stream ended: {exc!r}") from exc
+
     async def _next(self) -> ProcessingRequest | None:
         """The next message; None once Envoy closed the stream (or it broke: a reset, a cancelled call)."""
         if self._closed:
@@ -366,4 +381,4 @@ class Exchange:
 
 
 __all__ = ["DEFAULT_MODES", "HOLDING_MODES", "Decider", "ErrorAnswer", "Exchange", "GatewayLeg", "RequestHead",
-           "ResponseHead", "Routing"]
+           "ResponseHead", "Routing", "StreamGone"]

@@ -24,6 +24,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+import uvloop
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -32,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from autellix.epp.compose import PickerParts, build_picker
 from autellix.epp.config import PickerConfig
 from autellix.epp.contract import HEALTH_SERVICES, READY_SERVICES
-from autellix.epp.exchange import Exchange
+from autellix.epp.exchange import Exchange, StreamGone
 from autellix.epp.messages import ProcessingRequest
 from autellix.epp.picker import error_answer
 from autellix.gateway.lifecycle import freeze_startup_objects
@@ -81,6 +82,8 @@ class ExternalProcessor(external_processor_pb2_grpc.ExternalProcessorServicer):
         self.parts.metrics.streams.inc()
         try:
             await exchange.run()
+        except StreamGone as exc:  # the client left: the call was charged as aborted on the way out
+            log.debug("%s", exc)
         except Exception:
             log.exception("ext_proc stream failed")
             raise
@@ -204,8 +207,11 @@ class ExposedError(RuntimeError):
 
 
 def serve(config: PickerConfig) -> None:
+    """Run the picker on uvloop's event loop: about 12% less CPU a call than asyncio's own loop
+    (``docs/results/2026-12-07-the-call-legs-own-client.md``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run_picker(config))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run_picker(config))
 
 
 __all__ = ["ExposedError", "ExternalProcessor", "PickerServer", "run_picker", "serve"]
