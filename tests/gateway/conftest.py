@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 import pytest
+import pytest_asyncio
 import uvloop
 
 from autellix.engine.launch import EngineProcess
+from tests.gateway.scripted_server import Answer, ScriptedServer, start_scripted
 from tests.live import TOKENIZER, gateway
 
 
@@ -24,3 +26,16 @@ def pytest_asyncio_loop_factories(config: pytest.Config,
     if item.module is not None and item.module.__name__.endswith("test_engine_calls"):
         return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
     return {"asyncio": asyncio.new_event_loop}
+
+
+@pytest_asyncio.fixture
+async def serve() -> AsyncIterator[Callable[[Answer], Awaitable[ScriptedServer]]]:
+    """Starts ``ScriptedServer``s answering as the test scripts; closes them after it."""
+    servers: list[asyncio.Server] = []
+
+    async def start(answer: Answer) -> ScriptedServer:
+        return await start_scripted(answer, servers)
+
+    yield start
+    for server in servers:
+        server.close()

@@ -8,61 +8,13 @@ runs on asyncio's event loop and on uvloop's, which ``autellix gateway`` runs on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-import pytest_asyncio
 from aiohttp import ClientPayloadError, SocketTimeoutError
 
 from autellix.gateway.engine_calls import ConnectFailed, EngineCalls, HeadTimeout, Timeouts
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
-Answer = Callable[[asyncio.StreamWriter, bytes], Awaitable[bool]]  # False: stop serving the connection
-
-
-class ScriptedServer:
-    """Reads each request whole and answers it with ``answer``; counts what it saw."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.disconnects = 0
-        self.url = ""
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    self.disconnects += 1
-                    return
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                request = head + await reader.readexactly(length)
-                self.requests.append(request)
-                if not await self.answer(writer, request):
-                    return
-        finally:
-            writer.close()
-
-
-@pytest_asyncio.fixture
-async def serve() -> AsyncIterator[Callable[[Answer], Awaitable[ScriptedServer]]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(answer: Answer) -> ScriptedServer:
-        scripted = ScriptedServer(answer)
-        server = await asyncio.start_server(scripted.handle, "127.0.0.1", 0)
-        servers.append(server)
-        scripted.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
-        return scripted
-
-    yield start
-    for server in servers:
-        server.close()
 
 
 async def ok(writer: asyncio.StreamWriter, _request: bytes) -> bool:
