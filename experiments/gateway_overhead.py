@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,26 @@ async def closed_loop_wrk(url: str, concurrency: int, duration: float) -> float:
     return max(total - bad, 0) / seconds
 
 
+@dataclass
+class LoadedCpu:
+    """One closed loop's rate, and per process its CPU milliseconds a call and the cores it used."""
+
+    rps: float
+    cpu_ms_per_call: dict[int, float]
+    cores: dict[int, float]
+
+
+async def closed_loop_cpu(pids: list[int], run: Awaitable[float], duration: float) -> LoadedCpu:
+    """Run a closed loop of ``duration`` seconds (``run``: its rate) and the CPU ``pids`` spent over it."""
+    before, started = {pid: cpu_seconds(pid) for pid in pids}, time.perf_counter()
+    rps = await run
+    wall = time.perf_counter() - started
+    spent = {pid: cpu_seconds(pid) - before[pid] for pid in pids}
+    calls = max(1.0, rps * round(duration))
+    return LoadedCpu(rps, {pid: cpu * 1e3 / calls for pid, cpu in spent.items()},
+                     {pid: cpu / wall for pid, cpu in spent.items()})
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its threads so far (0 for no pid)."""
     if not pid:
@@ -247,15 +268,13 @@ async def measure(targets: list[Target], args: argparse.Namespace, procs: Proces
                 res.p99.setdefault(t.name, []).append(percentile(lat, 0.99) * 1e3)
                 res.errors[t.name] = res.errors.get(t.name, 0) + errors
                 for c in args.concurrency:
-                    cpu_before, started = cpu_seconds(t.pid), time.perf_counter()
-                    rps = (await closed_loop_wrk(url, c, args.closed_duration) if args.closed_loop_client == "wrk"
-                           else await closed_loop(http, url, c, args.closed_duration))
-                    cpu, wall = cpu_seconds(t.pid) - cpu_before, time.perf_counter() - started
-                    res.rps.setdefault(t.name, {}).setdefault(c, []).append(rps)
+                    loop = (closed_loop_wrk(url, c, args.closed_duration) if args.closed_loop_client == "wrk"
+                            else closed_loop(http, url, c, args.closed_duration))
+                    loaded = await closed_loop_cpu([t.pid] if t.pid else [], loop, args.closed_duration)
+                    res.rps.setdefault(t.name, {}).setdefault(c, []).append(loaded.rps)
                     if t.pid:
-                        calls = max(1.0, rps * round(args.closed_duration))
-                        res.cpu_ms.setdefault(t.name, {}).setdefault(c, []).append(cpu * 1e3 / calls)
-                        res.cores.setdefault(t.name, {}).setdefault(c, []).append(cpu / wall)
+                        res.cpu_ms.setdefault(t.name, {}).setdefault(c, []).append(loaded.cpu_ms_per_call[t.pid])
+                        res.cores.setdefault(t.name, {}).setdefault(c, []).append(loaded.cores[t.pid])
                 if not args.quiet:
                     print(f"rep {rep + 1}/{args.reps} {t.name:>8}: p50 {res.p50[t.name][-1]:.2f} ms, "
                           f"p99 {res.p99[t.name][-1]:.2f} ms, "

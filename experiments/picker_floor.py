@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import gateway_overhead as overhead  # this folder's gateway benchmark: processes, wrk, CPU time
@@ -61,12 +60,10 @@ def run_one(mode: str, engine: str, args: argparse.Namespace, workdir: Path) -> 
         pids = {"picker": picker.process.pid, "envoy": gie.envoy.process.pid}
         url = gie.urls()[0] + "/v1/chat/completions"
         asyncio.run(overhead.closed_loop_wrk(url, args.connections, args.warmup))
-        before, started = {k: overhead.cpu_seconds(p) for k, p in pids.items()}, time.perf_counter()
-        rps = asyncio.run(overhead.closed_loop_wrk(url, args.connections, args.duration))
-        wall = time.perf_counter() - started
-        calls = max(1.0, rps * round(args.duration))
-        out = {f"{k}_cpu_ms_per_call": (overhead.cpu_seconds(p) - before[k]) * 1e3 / calls for k, p in pids.items()}
-        out["rps"], out["picker_cores"] = rps, (overhead.cpu_seconds(pids["picker"]) - before["picker"]) / wall
+        loaded = asyncio.run(overhead.closed_loop_cpu(
+            list(pids.values()), overhead.closed_loop_wrk(url, args.connections, args.duration), args.duration))
+        out = {f"{k}_cpu_ms_per_call": loaded.cpu_ms_per_call[pid] for k, pid in pids.items()}
+        out["rps"], out["picker_cores"] = loaded.rps, loaded.cores[pids["picker"]]
         return out
 
 

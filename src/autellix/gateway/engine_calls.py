@@ -175,8 +175,8 @@ class _Connection(asyncio.Protocol):
         try:
             messages, _, _ = parser.feed_data(data)
         except Exception as exc:  # a malformed answer
-            self._fail(ClientPayloadError(f"a malformed answer from the engine: {exc!r}"))
-            self._abort()
+            malformed = ClientPayloadError(f"a malformed answer from the engine: {exc!r}")
+            self._give_up(malformed, malformed)
             return
         for message, payload in messages:
             head = self._head
@@ -252,26 +252,23 @@ class _Connection(asyncio.Protocol):
         if self.loop.time() < due:
             self._timer = self.loop.call_at(due, self._check_read)
             return
-        head = self._head
-        if head is not None and not head.done():
-            head.set_exception(HeadTimeout(f"no answer headers within {timeout:g} s"))
-        else:
-            self._fail(SocketTimeoutError(f"the engine sent nothing for {timeout:g} s"))
-        self._abort()
+        self._give_up(HeadTimeout(f"no answer headers within {timeout:g} s"),
+                      SocketTimeoutError(f"the engine sent nothing for {timeout:g} s"))
 
     def _expire(self) -> None:
         self._deadline = None
-        head = self._head
-        if head is not None and not head.done():
-            head.set_exception(TimeoutError("the attempt's time ran out"))
-        else:
-            self._fail(TimeoutError("the attempt's time ran out"))
-        self._abort()
+        ran_out = TimeoutError("the attempt's time ran out")
+        self._give_up(ran_out, ran_out)
 
-    def _fail(self, exc: BaseException) -> None:
-        payload = self._payload
-        if payload is not None and not payload.is_eof():
-            payload.set_exception(exc)
+    def _give_up(self, before_head: BaseException, in_body: BaseException) -> None:
+        """End the exchange with an error: the wait for the headers gets ``before_head``, or the body's
+        reader ``in_body``; the connection is aborted."""
+        head, payload = self._head, self._payload
+        if head is not None and not head.done():
+            head.set_exception(before_head)
+        elif payload is not None and not payload.is_eof():
+            payload.set_exception(in_body)
+        self._abort()
 
     def _stop_timers(self) -> None:
         for handle in (self._timer, self._deadline):
