@@ -59,7 +59,7 @@ from autellix.engine.step_trace import ENV_TRACE, read_trace, summarize_steps
 from autellix.engine.tiny_model import REPLY_TOKEN_IDS, build_tiny_model, default_model_dir
 from autellix.loadgen.runner import run_programs
 from autellix.sim.engine_profile import EngineProfile
-from autellix.workloads import make_programs, tool_pause
+from autellix.workloads import make_programs, mooncake, tool_pause
 from autellix.workloads.base import declarations
 from autellix.workloads.run_metrics import loaded_comparison, paired_rounds, per_program, summarize, sustained_rates
 from autellix.workloads.systems import REAL_SYSTEMS, SYSTEMS, System
@@ -120,9 +120,12 @@ _HEAVY = EngineSettings(8, ("--max-num-batched-tokens", "2048"), (0.2, 1.0, 1.8)
 #: settings) vllm-opt is at 2x its unloaded latency at 2/s and 5.7x at 4/s
 #: (docs/results/2026-12-05-rival-and-admission.md).
 _TOOL_PAUSE = replace(_LIGHT, rates=(0.2, 2.0, 4.0))
+#: Mooncake's chats on the light engine, as ShareGPT's: vllm-opt at 9x its unloaded latency at 2/s, 27x at 3/s.
+_MOONCAKE = replace(_LIGHT, rates=(0.5, 1.0, 2.0))
 #: The same for every system of a workload.
 ENGINE_SETTINGS: dict[str, EngineSettings] = {"sharegpt": _LIGHT, "bfcl": _LIGHT, "lats": _HEAVY, "mixed": _HEAVY,
-                                              "fanout": _HEAVY, tool_pause.WORKLOAD: _TOOL_PAUSE}
+                                              "fanout": _HEAVY, tool_pause.WORKLOAD: _TOOL_PAUSE,
+                                              mooncake.WORKLOAD: _MOONCAKE}
 
 
 def engine_args(system: System, settings: EngineSettings, *, traced: bool = False) -> list[str]:

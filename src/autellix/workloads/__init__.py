@@ -4,8 +4,9 @@ A program is an async function that drives an :class:`LLM` (the benchmark's
 HTTP client, or the simulator's modelled gateway): a ShareGPT multi-turn chat
 (``sharegpt``), a BFCL v3 ReAct tool loop (``bfcl``), a LATS tree search over
 a HotpotQA question (``lats``), multi-agent fan-out among short chats
-(``fanout``), an interleaving of them (``mixed``), or BFCL programs that
-pause for real-looking tool latencies (``tool-pause``). ``make_programs`` builds
+(``fanout``), an interleaving of them (``mixed``), BFCL programs that
+pause for real-looking tool latencies (``tool-pause``), or a chat of
+Mooncake's production trace (``mooncake``). ``make_programs`` builds
 them from the shared workload data (``data``) with every random choice seeded
 per program, so the same seed gives the same programs and, against a
 deterministic LLM, the same calls. What they share is in ``base``; the run's
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from autellix.workloads import bfcl, fanout, lats, mixed, shared_context, sharegpt, tool_pause
+from autellix.workloads import bfcl, fanout, lats, mixed, mooncake, shared_context, sharegpt, tool_pause
 from autellix.workloads.base import (
     CALIBRATIONS,
     CONTEXT_LIMIT,
@@ -43,18 +44,18 @@ BUILDERS: dict[str, Builder] = {
     "multiagent": fanout.build_multiagent,
     tool_pause.WORKLOAD: tool_pause.build,
     shared_context.WORKLOAD: shared_context.build,
+    mooncake.WORKLOAD: mooncake.build,
 }
 
 WORKLOADS: tuple[str, ...] = ("sharegpt", "bfcl", "lats", "fanout", "mixed", tool_pause.WORKLOAD,
-                              shared_context.WORKLOAD)
+                              shared_context.WORKLOAD, mooncake.WORKLOAD)
 
 
 def make_programs(
     workload: str, count: int, *, seed: int, calibration: str = "paper", data_dir: Path | None = None
 ) -> list[AgentProgram]:
-    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout", "mixed", "tool-pause" or
-    "shared-context"),
-    deterministic in ``seed``.
+    """``count`` programs of ``workload`` ("sharegpt", "bfcl", "lats", "fanout", "mixed", "tool-pause",
+    "shared-context" or "mooncake"), deterministic in ``seed``.
 
     Program ``i`` of a workload draws everything from ``random.Random(f"{seed}:{workload}:{i}")``.
     "fanout" is multi-agent programs (rounds of 4-16 parallel calls over one long
@@ -62,7 +63,8 @@ def make_programs(
     "mixed" is an equal share of sharegpt, bfcl, lats and multi-agent programs
     (``mixed.build``). "tool-pause" is BFCL programs that wait for log-normal
     tool latencies over long shared tool docs (``tool_pause``). "shared-context" is such programs of many
-    teams, each team's over its own long system prompt (``shared_context``). "fanout-subagents"
+    teams, each team's over its own long system prompt (``shared_context``). "mooncake" is the multi-turn
+    chats of Mooncake's production trace, scaled (``mooncake``). "fanout-subagents"
     is "fanout" with each multi-agent program's agents written as subagents.
     """
     if workload not in BUILDERS and workload != "mixed":

@@ -166,6 +166,10 @@ def draw(rng: random.Random, mean: float, lo: int, hi: int, sigma: float) -> int
     return rng.choices(values, cum_weights=cum)[0]
 
 
+def system_message(text: str) -> Message:
+    return {"role": "system", "content": text}
+
+
 def user_message(text: str) -> Message:
     return {"role": "user", "content": text}
 

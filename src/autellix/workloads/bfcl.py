@@ -23,6 +23,7 @@ from autellix.workloads.base import (
     fit_messages,
     nbytes,
     program_rng,
+    system_message,
     user_message,
 )
 from autellix.workloads.data import (
@@ -108,7 +109,7 @@ def react_program(workload: str, program_id: str, system: str, plan: Sequence[Re
     ``per_turn``: each turn starts again from the system prompt (a fresh episode over the same docs)."""
 
     async def run(llm: LLM) -> None:
-        sys_msg: Message = {"role": "system", "content": system}
+        sys_msg = system_message(system)
         history: list[Message] = [sys_msg]
         for turn in plan:
             if per_turn:

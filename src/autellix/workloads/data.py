@@ -1,4 +1,4 @@
-"""Readers for the shared workload data (ShareGPT, BFCL v3 multi-turn, HotpotQA).
+"""Readers for the shared workload data (ShareGPT, BFCL v3 multi-turn, HotpotQA, Mooncake's chat trace).
 
 The data is read in place from the shared folder and never copied into the
 project: ``$AUTELLIX_WORKLOADS`` when set, else ``<repo root>/../shared/workloads``.
@@ -150,6 +150,62 @@ def load_hotpotqa(root: Path) -> tuple[HotpotQuestion, ...]:
         with path.open(encoding="utf-8") as f:
             out.extend(HotpotQuestion(q["question"], str(q["answer"]), q.get("type", "")) for q in json.load(f))
     return tuple(out)
+
+
+#: Tokens per block of the Mooncake trace's ``hash_ids``.
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class MooncakeTurn:
+    """One request of a Mooncake conversation: the tokens it adds to the history, and its reply's."""
+
+    new_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class MooncakeConversation:
+    """Consecutive requests of one chat in the Mooncake trace, each over the whole history before it."""
+
+    turns: tuple[MooncakeTurn, ...]
+
+
+def mooncake_conversations(rows: list[dict]) -> tuple[MooncakeConversation, ...]:
+    """The trace's requests joined into conversations, in the order of their first request.
+
+    A request continues an earlier one when its blocks start with all of that
+    request's full blocks (every block of it but the last, which its reply
+    completes): the latest such request with the most blocks is its turn
+    before. The first block alone does not join requests: every request
+    starts with it (a system prompt the whole service shares). A turn's new
+    tokens are its input over its turn before's input and reply, at least 1
+    (the history was trimmed where it is less).
+    """
+    by_full_blocks: dict[tuple[int, ...], int] = {}
+    conversation_of: list[int] = []
+    turns: list[list[MooncakeTurn]] = []
+    for i, row in enumerate(rows):
+        blocks = tuple(row["hash_ids"])
+        before = next((by_full_blocks[blocks[:k]] for k in range(len(blocks), 1, -1)
+                       if blocks[:k] in by_full_blocks), None)
+        if before is None:
+            conversation_of.append(len(turns))
+            turns.append([MooncakeTurn(int(row["input_length"]), int(row["output_length"]))])
+        else:
+            previous = rows[before]
+            new = int(row["input_length"]) - int(previous["input_length"]) - int(previous["output_length"])
+            conversation_of.append(conversation_of[before])
+            turns[conversation_of[before]].append(MooncakeTurn(max(1, new), int(row["output_length"])))
+        if len(blocks) > 2:
+            by_full_blocks[blocks[:-1]] = i
+    return tuple(MooncakeConversation(tuple(t)) for t in turns)
+
+
+@functools.lru_cache(maxsize=4)
+def load_mooncake(root: Path) -> tuple[MooncakeConversation, ...]:
+    """The conversations of Mooncake's chat trace (``mooncake_conversations``)."""
+    return mooncake_conversations(_read_json_lines(root / "mooncake" / "conversation_trace.jsonl"))
 
 
 def workloads_available(data_dir: str | Path | None = None) -> bool:

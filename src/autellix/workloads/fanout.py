@@ -16,6 +16,7 @@ from autellix.workloads.base import (
     fit_messages,
     nbytes,
     program_rng,
+    system_message,
     user_message,
 )
 from autellix.workloads.data import (
@@ -78,7 +79,7 @@ def multiagent_program(program_id: str, rng: random.Random, convs: Sequence[Shar
             async def agent(i: int, max_tokens: int, r: int = r, digest: str = digest) -> str:
                 task = (f"Round {r + 1}. " + (f"The other agents said:\n{digest}\n" if digest else "")
                         + f"You are agent {i + 1}: give your position.")
-                messages = fit_messages([{"role": "system", "content": system}, user_message(task)], max_tokens)
+                messages = fit_messages([system_message(system), user_message(task)], max_tokens)
                 return await members[i].chat(messages, max_tokens=max_tokens, thread=f"agent{i}")
 
             replies = await asyncio.gather(*(agent(i, n) for i, n in enumerate(tokens)))

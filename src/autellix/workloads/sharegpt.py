@@ -16,6 +16,7 @@ from autellix.workloads.base import (
     draw,
     fit_messages,
     program_rng,
+    system_message,
     user_message,
 )
 from autellix.workloads.data import (
@@ -75,11 +76,12 @@ def sharegpt_texts(
     return out
 
 
-def chat(workload: str, program_id: str, plan: Sequence[ChatTurn]) -> AgentProgram:
-    """A program that plays ``plan``: one call per turn over the growing history (cut to fit)."""
+def chat(workload: str, program_id: str, plan: Sequence[ChatTurn], system: str | None = None) -> AgentProgram:
+    """A program that plays ``plan``: one call per turn over the growing history (cut to fit), after
+    ``system`` as its system message when one is given."""
 
     async def run(llm: LLM) -> None:
-        history: list[Message] = []
+        history: list[Message] = [] if system is None else [system_message(system)]
         for turn in plan:
             history = fit_messages([*history, user_message(turn.text)], turn.max_tokens)
             reply = await llm.chat(list(history), max_tokens=turn.max_tokens, thread=MAIN_THREAD)

@@ -3,6 +3,8 @@ simulator (``autellix sim --system``, ``autellix sim sweep``) compare: one table
 
 * ``vllm``: bare engine, FCFS, prefix caching off (the paper's baseline);
 * ``vllm-opt``: bare engine, FCFS, prefix caching and chunked prefill on;
+* ``gateway-fcfs``: ``vllm-opt`` behind the gateway, which ranks nothing (FCFS,
+  every program admitted): what the hop alone costs;
 * ``client-plas``: bare engine with stock vLLM's ``--scheduling-policy
   priority``, no gateway; each program sends its own generated-token count,
   bucketed, as the calls' ``priority`` (``autellix.workloads.client_priority``):
@@ -78,6 +80,7 @@ class System:
 SYSTEMS: dict[str, System] = {
     "vllm": System("vllm", "fcfs", None, prefix_caching=False, chunked_prefill=False),
     "vllm-opt": System("vllm-opt", "fcfs", None),
+    "gateway-fcfs": System("gateway-fcfs", "fcfs", "fcfs"),
     "client-plas": System("client-plas", "vllm-priority", None, client_priority=True),
     "vllm-priority": System("vllm-priority", "vllm-priority", "plas"),
     "mlfq": System("mlfq", "autellix", "mlfq"),
