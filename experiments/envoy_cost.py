@@ -69,14 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=3, help="gateways behind the second Envoy")
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
-    parser.add_argument("--rate", type=float, default=200.0, help="open-loop request rate (req/s)")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds of open-loop load per measurement")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 64], help="closed-loop callers")
-    parser.add_argument("--closed-duration", type=float, default=3.0, help="seconds per closed-loop measurement")
-    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (at least 3 advised)")
-    parser.add_argument("--warmup", type=float, default=1.0, help="closed-loop warm-up seconds per target")
-    parser.add_argument("--format", choices=["table", "json"], default="table")
-    parser.add_argument("--quiet", action="store_true", help="no per-repetition progress on stderr")
+    overhead.add_load_options(parser)
     parser.add_argument("--with-store", action="store_true",
                         help="also one gateway on the shared program store (a local redis-server): its cost per call")
     args = parser.parse_args()
@@ -110,8 +103,8 @@ def main() -> None:
         for envoy, (_, members) in zip(envoys, layouts.values(), strict=True):
             wait_envoy_ready(envoy)
             wait_routable(envoy, MeshSettings().cluster_name, len(members))
-        targets = [overhead.Target("direct", engine, "/health"),
-                   overhead.Target("gateway", f"http://{gateways[0].address}", "/ready"),
+        targets = [overhead.Target("direct", engine, "/health", procs.pid("engine")),
+                   overhead.Target("gateway", f"http://{gateways[0].address}", "/ready", procs.pid("gateway-0")),
                    overhead.Target("envoy+gateway", envoys[0].listen_url, "/ready"),
                    overhead.Target(f"envoy+{args.replicas}gw", envoys[1].listen_url, "/ready")]
         if args.with_store:

@@ -344,8 +344,8 @@ def print_table(summary: dict[str, Any]) -> None:
             console.print(f"{label}: {summary[key]:.2f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_load_options(parser: argparse.ArgumentParser) -> None:
+    """The options ``measure`` and ``summarize`` read, for every script that measures with them."""
     parser.add_argument("--rate", type=float, default=200.0, help="open-loop request rate (req/s)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of open-loop load per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 128], help="closed-loop callers")
@@ -355,9 +355,14 @@ def main() -> None:
                         help="what drives the closed loop (default: wrk when installed)")
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (at least 3 advised)")
     parser.add_argument("--warmup", type=float, default=1.0, help="closed-loop warm-up seconds per target")
-    parser.add_argument("--no-router", action="store_true", help="skip vllm-router")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition progress on stderr")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_load_options(parser)
+    parser.add_argument("--no-router", action="store_true", help="skip vllm-router")
     parser.add_argument("--before", type=Path, default=None,
                         help="a checkout of another revision (e.g. `git worktree add /tmp/before REV`): its gateway "
                              "runs beside this one as `gateway-before`, so a change is measured in one run")
