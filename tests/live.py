@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Protocol, TypeVar
 
 from autellix.child_processes import free_port, gateway_process
 from autellix.engine.launch import EngineProcess, start_engine, stop_engine, wait_ready
@@ -73,6 +77,49 @@ def load_instant_engine() -> ModuleType:
 
 #: A gateway process in front of engines (yields its base URL).
 gateway = gateway_process
+
+
+class StandIn(Protocol):
+    """An engine stand-in served by this process: its URL once started."""
+
+    url: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=StandIn)
+
+
+@contextlib.contextmanager
+def stand_ins_on_a_thread(make: Callable[[asyncio.AbstractEventLoop], S], count: int) -> Iterator[list[S]]:
+    """``count`` stand-ins made by ``make`` (given the event loop they serve on, a thread's), started; sorted
+    by URL."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    made = [make(loop) for _ in range(count)]
+    try:
+        for stand_in in made:
+            asyncio.run_coroutine_threadsafe(stand_in.start(), loop).result(10)
+        yield sorted(made, key=lambda e: e.url)
+    finally:
+        for stand_in in made:
+            asyncio.run_coroutine_threadsafe(stand_in.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def gateway_over(urls: list[str], *args: str) -> Iterator[str]:
+    """A gateway process in front of ``urls`` (its base URL), once every one of them is in its pool."""
+    with gateway(urls, *args) as base:
+        deadline = time.monotonic() + 30
+        while http("GET", base + "/ready")[1]["engines"] < len(urls):
+            assert time.monotonic() < deadline, "the engines never all joined the pool"
+            time.sleep(0.1)
+        yield base
 
 
 #: The engines' own tokenizer: exact prompt lengths for Algorithm 2 (one token per byte).

@@ -61,6 +61,11 @@ def test_the_fields_the_gateway_sends_are_what_the_engine_plugin_reads() -> None
     assert who.tree is None and protocol.XARG_TREE not in fields.xargs()  # a program's own totals name no tree
     subagent = SchedulingFields(program="root/agent1", call="c2", service=3.0, wait=1.0, tree="root")
     assert CallIdentity.of("req-2", subagent.xargs(), None).tree == "root"
+    assert who.expect_return is False and protocol.XARG_EXPECT_RETURN not in fields.xargs()
+    tools = SchedulingFields(program="p", call="c3", service=0.0, wait=0.0, expect_return=True)
+    assert CallIdentity.of("req-3", tools.xargs(), None).expect_return is True
+    assert CallIdentity.of("req-4", {**fields.xargs(), protocol.XARG_EXPECT_RETURN: "yes"}, None).expect_return is False
+
 
 
 def test_a_call_record_round_trips_and_bad_ones_are_refused() -> None:

@@ -137,6 +137,9 @@ XARG_TREE = "autellix_tree"
 XARG_DECLARED = "autellix_declared"
 #: The program's tenant and the tenant's weight (``autellix.core.TenantShares``; sent when the gateway has tenants).
 XARG_TENANT, XARG_TENANT_WEIGHT = "autellix_tenant", "autellix_weight"
+#: True when the call offers the model tools: its program may call one and come back with the result, so the
+#: engine holds its prefix from its first pause (``autellix.core.kv_retention``; sent only when true).
+XARG_EXPECT_RETURN = "autellix_expect_return"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,8 @@ class SchedulingFields:
     #: The program's tenant (None: tenants are not told apart) and the tenant's weight.
     tenant: str | None = None
     tenant_weight: float = 1.0
+    #: The call offers tools: its program may come back after one runs (``XARG_EXPECT_RETURN``).
+    expect_return: bool = False
 
     def xargs(self) -> dict[str, Any]:
         """The flat ``vllm_xargs`` the engine plugin reads."""
@@ -174,6 +179,8 @@ class SchedulingFields:
         if self.tenant is not None:
             out[XARG_TENANT] = self.tenant
             out[XARG_TENANT_WEIGHT] = self.tenant_weight
+        if self.expect_return:
+            out[XARG_EXPECT_RETURN] = True
         return out
 
 
@@ -216,7 +223,8 @@ RECORD_HEADER = "X-Autellix-Record"
 
 
 #: ``GET FEEDBACK_PROGRAMS_PATH + quoted program id``: the engine's tally of one program
-#: (``ProgramService``); 404 when no call of it finished on this engine.
+#: (``ProgramService``); 404 when no call of it finished on this engine. ``DELETE``: the program's session
+#: ended: the engine drops the prefix it holds for it (202; the scheduler takes it at its next step).
 FEEDBACK_PROGRAMS_PATH = FEEDBACK_PREFIX + "programs/"
 
 
@@ -382,6 +390,7 @@ __all__ = [
     "THREAD_HEADER",
     "XARGS_FIELD",
     "XARG_CALL",
+    "XARG_EXPECT_RETURN",
     "XARG_PROGRAM",
     "XARG_SERVICE",
     "XARG_TENANT",

@@ -229,3 +229,27 @@ def test_the_ledger_forgets_programs_that_went_quiet_and_releases_everything_on_
     assert "a" not in ledger.predictor and "b" in ledger.predictor
     assert [(r.program, r.blocks, r.how) for r in ledger.release_all()] == [("b", (2,), Retention.DROP)]
     assert ledger.held_blocks == 0
+
+
+def test_a_call_that_expects_its_program_back_is_held_from_its_first_pause() -> None:
+    ledger: RetentionLedger[int, str] = RetentionLedger(NO_SWAP)
+    ledger.arrived("tools", 0.0)
+    assert ledger.finished("tools", 1.0, [1, 2], ["a", "b"], expect_return=True) == ((1, 2), ())
+    ledger.arrived("chat", 0.0)
+    assert ledger.finished("chat", 1.0, [3], ["c"]) == ((), ())  # no evidence, and none said
+    assert ledger.held_blocks == 2
+
+
+def test_a_programs_end_drops_its_hold_and_counts_its_pause_as_no_return() -> None:
+    ledger: RetentionLedger[int, str] = RetentionLedger(NO_SWAP)
+    for t in (0.0, 2.0):
+        ledger.arrived("p", t)
+        ledger.finished("p", t + 1, [5, 6], ["x", "y"])
+    assert ledger.held("p") == (5, 6)
+    before = ledger.predictor.return_probability()
+    assert ledger.ended("p") == (5, 6)
+    assert ledger.held_blocks == 0 and "p" not in ledger and "p" not in ledger.predictor
+    after = ledger.predictor.return_probability()
+    assert after < before and ledger.stats()["dropped"] == 1
+    assert ledger.ended("p") == () and ledger.ended("never-seen") == ()
+    assert ledger.predictor.return_probability() == after  # ending twice, or an unknown program, counts nothing

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("zmq")
 
-from autellix.engine.feedback import ENV_ADDR, FeedbackMiddleware, FeedbackPublisher
+from autellix.engine.feedback import ENV_ADDR, FeedbackMiddleware, FeedbackPublisher, ProgramEnds
 
 
 async def asgi_get(app: FeedbackMiddleware, path: str, query: bytes = b"", method: str = "GET") -> tuple[int, Any]:
@@ -167,3 +167,23 @@ def test_a_whole_answer_carries_its_record_when_it_is_in(tmp_path: Path, monkeyp
         assert (await asgi_get(app, "/autellix/v1/calls/c3"))[0] == 200
 
     asyncio.run(scenario())
+
+
+def test_a_sessions_end_crosses_to_the_scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    addr = f"ipc://{tmp_path}/fb.sock"
+    monkeypatch.setenv(ENV_ADDR, addr)
+    app = FeedbackMiddleware(None)
+    scheduler_side = ProgramEnds(addr)  # may bind after the API server connected: ends wait for it
+
+    async def scenario() -> None:
+        assert await asgi_get(app, "/autellix/v1/programs/team/agent-7", method="DELETE") == (
+            202, {"program": "team/agent-7", "ended": True})
+        status, body = await asgi_get(app, "/autellix/v1/programs/", method="DELETE")
+        assert status == 404 and body["error"]["code"] == "not_found"
+        assert (await asgi_get(app, "/autellix/v1/info", method="DELETE"))[0] == 405
+
+    asyncio.run(scenario())
+    ended: list[str] = []
+    wait_until(lambda: bool(ended.extend(scheduler_side.take()) or ended))
+    assert ended == ["team/agent-7"]
+    scheduler_side.close()

@@ -4,14 +4,17 @@ and yields to any allocation that needs its blocks. Seconds, no server."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("vllm")
 
+from autellix.engine.feedback import ENV_ADDR, FeedbackStore
 from autellix.engine.kv.retention import ENV_RETENTION, NoHostSwap, RetainingKVCacheManager
 from autellix.engine.scheduler import AutellixScheduler
+from autellix.protocol import XARG_EXPECT_RETURN, XARG_PROGRAM
 from autellix_lab.harness import SAMPLED_TOKEN_ID, build_scheduler, make_request, step
 
 BLOCK = 16
@@ -19,7 +22,7 @@ BLOCK = 16
 
 @pytest.fixture(autouse=True)
 def quiet_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("AUTELLIX_POLICY", "AUTELLIX_BETA", "AUTELLIX_MULTI_STEP", ENV_RETENTION):
+    for name in ("AUTELLIX_POLICY", "AUTELLIX_BETA", "AUTELLIX_MULTI_STEP", ENV_RETENTION, ENV_ADDR):
         monkeypatch.delenv(name, raising=False)
     yield
 
@@ -42,14 +45,15 @@ def prompt(seed: int, length: int) -> list[int]:
 class Program:
     """A program whose every call sends its last prompt, the reply and 32 new tokens."""
 
-    def __init__(self, scheduler: AutellixScheduler, name: str) -> None:
+    def __init__(self, scheduler: AutellixScheduler, name: str, *, offers_tools: bool = False) -> None:
         self.s, self.name = scheduler, name
         self.prompt = prompt(hash(name) % 1000, 96)
         self.turn = 0
+        self.xargs: dict[str, object] = {XARG_PROGRAM: name} | ({XARG_EXPECT_RETURN: True} if offers_tools else {})
 
     def call(self, max_tokens: int = 8) -> None:
         request = make_request(f"{self.name}.{self.turn}", 0, max_tokens, prompt_token_ids=list(self.prompt),
-                               extra_args={"autellix_program": self.name})
+                               extra_args=dict(self.xargs))
         self.s.add_request(request)
         drain(self.s)
         self.prompt = self.prompt + [SAMPLED_TOKEN_ID] * max_tokens + prompt(2000 + self.turn, 32)
@@ -132,3 +136,29 @@ def test_requests_of_no_program_are_never_held() -> None:
         s.add_request(make_request(f"anon.{turn}", 100, 4))
         drain(s)
     assert s.retention.ledger.held_blocks == 0 and s.kv_cache_manager.block_pool.get_num_free_blocks() == 39
+
+
+def test_a_call_that_offers_tools_has_its_prefix_held_from_the_first_pause() -> None:
+    s = scheduler()
+    Program(s, "agent", offers_tools=True).call()
+    Program(s, "chat").call()
+    assert len(s.retention.ledger.held("agent")) == (96 + 8 - 1) // BLOCK
+    assert s.retention.ledger.held("chat") == ()
+
+
+def test_a_sessions_end_from_the_api_server_releases_the_hold(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_ADDR, f"ipc://{tmp_path}/fb.sock")
+    s = scheduler()
+    assert s.program_ends is not None
+    api_server = FeedbackStore(f"ipc://{tmp_path}/fb.sock")  # the middleware's side
+    p = Program(s, "p")
+    p.call()
+    p.call()
+    assert s.retention.ledger.held_blocks == 8
+    assert api_server.end("p")
+    deadline = time.monotonic() + 5
+    while s.retention.ledger.held_blocks and time.monotonic() < deadline:
+        step(s)  # an idle step still reads the ends that came in
+        time.sleep(0.01)
+    assert s.retention.ledger.held_blocks == 0 and "p" not in s.retention.ledger.predictor
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 39

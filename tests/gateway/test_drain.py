@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -20,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from autellix.child_processes import admin_url
-from tests.live import chat, gateway, http, load_instant_engine
+from tests.live import chat, gateway_over, http, load_instant_engine, stand_ins_on_a_thread
 
 LONG_PROMPT = "y" * 40_000  # far above long_prompt_tokens (2048) by the gateway's byte estimate
 
@@ -72,28 +71,13 @@ class StandInEngine:
 
 @pytest.fixture(scope="module")
 def stand_ins() -> Iterator[list[StandInEngine]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    engines = [StandInEngine(loop) for _ in range(2)]
-    for engine in engines:
-        asyncio.run_coroutine_threadsafe(engine.start(), loop).result(10)
-    try:
-        yield sorted(engines, key=lambda e: e.url)
-    finally:
-        for engine in engines:
-            asyncio.run_coroutine_threadsafe(engine.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+    with stand_ins_on_a_thread(StandInEngine, 2) as engines:
+        yield engines
 
 
 @pytest.fixture(scope="module")
 def gw(stand_ins: list[StandInEngine]) -> Iterator[str]:
-    with gateway([e.url for e in stand_ins], "--balancer", "autellix") as base:
-        deadline = time.monotonic() + 30
-        while http("GET", base + "/ready")[1]["engines"] < 2:
-            assert time.monotonic() < deadline, "both engines never joined the pool"
-            time.sleep(0.1)
+    with gateway_over([e.url for e in stand_ins], "--balancer", "autellix") as base:
         yield base
 
 

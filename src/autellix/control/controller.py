@@ -132,6 +132,8 @@ class CallSpec:
     #: KV event index: computed only when the balancer weighs them (empty: not known for this prompt); None:
     #: the call is not looked up.
     prompt_blocks: Callable[[], Sequence[int]] | None = None
+    #: The call offers tools: its program may come back after one runs (the engine holds its prefix).
+    expect_return: bool = False
 
 
 @dataclass(slots=True)
@@ -248,7 +250,8 @@ class RequestController:
         self.on_call_done = on_call_done
 
     # ---- what the engine is told ----------------------------------------------------
-    def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str) -> SchedulingFields:
+    def scheduling_fields(self, program_id: str, thread_id: str | None, call_id: str, *,
+                          expect_return: bool = False) -> SchedulingFields:
         """The program's standing for the engine: its tree's totals (a subagent ranks with its tree)."""
         view = self.store.view(program_id)
         level = None
@@ -257,7 +260,8 @@ class RequestController:
         tenant = self.store.entry(program_id).owner
         return SchedulingFields(program=program_id, call=call_id, service=view.service, wait=view.wait,
                                 thread=thread_id, level=level, tree=view.tree or None, declared=view.declared,
-                                tenant=tenant, tenant_weight=self.store.tenants.weight(tenant))
+                                tenant=tenant, tenant_weight=self.store.tenants.weight(tenant),
+                                expect_return=expect_return)
 
     def _slots(self, loads: Mapping[str, float]) -> dict[str, int]:
         return {engine: size for engine in loads if (size := self.engines.slots(engine)) is not None}
@@ -306,8 +310,8 @@ class RequestController:
                 state.engine = engine
                 if number == 1 and spec.received is not None:
                     self.observer.routed(self.clock() - spec.received)
-                body = self.backend.annotate(spec.body, self.scheduling_fields(program_id, owner.thread_id, call_id),
-                                             stream=spec.stream_usage)
+                fields = self.scheduling_fields(program_id, owner.thread_id, call_id, expect_return=spec.expect_return)
+                body = self.backend.annotate(spec.body, fields, stream=spec.stream_usage)
                 attempt: Attempt[Any] = Attempt(call_id, program_id, engine, number, spec.path, body, spec.stream,
                                                 state.settle)
                 # Counted in flight from the routing decision, not from the engine's

@@ -270,6 +270,13 @@ class ReturnPredictor:
     def forget(self, program: Hashable) -> None:
         self._programs.pop(program, None)
 
+    def ended(self, program: Hashable) -> None:
+        """``program`` will not be back (its session ended): a pause it is in counts as one that
+        did not end in a return, and it is forgotten."""
+        state = self._programs.pop(program, None)
+        if state is not None and state.paused_at is not None and not state.written_off:
+            self.write_offs += 1
+
     def has_returned(self, program: Hashable) -> bool:
         """Whether ``program`` came back after a pause at least once (within the window kept)."""
         state = self._programs.get(program)
@@ -351,9 +358,11 @@ class RetentionLedger(Generic[Block, BlockHash]):
     The engine (the vLLM plugin, or the simulator's engine model) tells the
     ledger what happens to calls and does what the ledger answers with its own
     blocks: pin the blocks :meth:`finished` returns (once a program has come back
-    after a pause: the evidence that it returns), unpin those
-    :meth:`resumed` returns, and, when an allocation finds the free list short,
-    unpin (offloading first, where it says so) what :meth:`shortage` returns.
+    after a pause, the evidence that it returns, or from its first pause when its
+    call said it expects to come back), unpin those
+    :meth:`resumed` and :meth:`ended` (the program's session ended) return, and,
+    when an allocation finds the free list short, unpin (offloading first, where
+    it says so) what :meth:`shortage` returns.
     Blocks are the engine's handles; the ledger only counts and returns them.
 
     It also measures what the holds are for: per program the block hashes of
@@ -411,14 +420,17 @@ class RetentionLedger(Generic[Block, BlockHash]):
         return blocks
 
     def finished(self, program: Hashable, now: float, blocks: Sequence[Block],
-                 hashes: Sequence[BlockHash]) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
+                 hashes: Sequence[BlockHash], *, expect_return: bool = False) -> tuple[tuple[Block, ...],
+                                                                                     tuple[Block, ...]]:
         """A call of ``program`` left the engine holding ``blocks`` (its full, cached
         blocks, hashed ``hashes``). Returns (blocks to pin now, blocks to unpin): the
-        program's prefix is held when no other call of it is left on the engine."""
+        program's prefix is held when no other call of it is left on the engine and
+        it is expected back: it came back after a pause before (a program of one call
+        never does), or the call said so (``expect_return``: it offered tools)."""
         self._last_hashes[program] = tuple(hashes)
         paused = self.predictor.call_finished(program, now)
-        # expected back: it came back after a pause before (a program of one call never does)
-        if not (paused and blocks and self.hold and self.predictor.has_returned(program)):
+        expected = expect_return or self.predictor.has_returned(program)
+        if not (paused and blocks and self.hold and expected):
             return (), ()
         unpin = self._drop_hold(program)
         held = tuple(blocks)
@@ -431,6 +443,17 @@ class RetentionLedger(Generic[Block, BlockHash]):
         """A call of ``program`` was aborted: the program may be gone. Returns blocks to unpin."""
         self.predictor.call_finished(program, now)
         return self._drop_hold(program)
+
+    def ended(self, program: Hashable) -> tuple[Block, ...]:
+        """``program``'s session ended: it will not be back. Its hold is dropped and its history
+        forgotten. Returns the blocks to unpin."""
+        blocks = self._drop_hold(program)
+        if blocks:
+            self.dropped += 1
+            self.dropped_blocks += len(blocks)
+        self.predictor.ended(program)
+        self._last_hashes.pop(program, None)
+        return blocks
 
     # ---- memory pressure -------------------------------------------------------------------------
     def shortage(self, shortfall: int, now: float, *, host_free_blocks: int = 0) -> list[Release[Block]]:

@@ -24,6 +24,10 @@ Paths and the record are part of the wire contract (``autellix.protocol``):
   the engine publishes its KV cache events (``autellix.engine.kv_events``).
 * ``GET /autellix/v1/tokenizer``: the files the engine tokenizes with, for the
   gateway's KV event index (404 when the engine does not describe them).
+* ``DELETE /autellix/v1/programs/{program_id}``: the program's session ended
+  (the gateway says so): the scheduler drops the prefix it holds for it at its
+  next step (202). It crosses over on a second socket, the other way
+  (``ends_addr``).
 * ``GET /autellix/v1/programs/{program_id}`` (the id percent-encoded): this
   engine's tally of a program (``ProgramService``: the ``service_s`` of its
   calls that finished here, how many, since when), 404 when none did. Kept from
@@ -124,12 +128,52 @@ class FeedbackPublisher:
             self.dropped += 1  # the server is gone or far behind: the gateway falls back
 
 
-class FeedbackStore:
-    """API-server side: receives records on a thread, answers lookups."""
+def ends_addr(addr: str) -> str:
+    """Where the scheduler hears of ended sessions: the socket beside the records' (``addr``, an ``ipc://`` path)."""
+    return addr + ".ends"
+
+
+class ProgramEnds:
+    """EngineCore side: the programs whose sessions ended, as the API server passes them on; read without
+    blocking at the scheduler's steps."""
 
     def __init__(self, addr: str) -> None:
         import zmq
 
+        self._zmq = zmq
+        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(ends_addr(addr))
+
+    @classmethod
+    def from_env(cls) -> ProgramEnds | None:
+        addr = os.environ.get(ENV_ADDR)
+        return cls(addr) if addr else None
+
+    def take(self) -> list[str]:
+        """The program ids that came in since the last look."""
+        ended = []
+        while True:
+            try:
+                ended.append(self._socket.recv(flags=self._zmq.NOBLOCK).decode())
+            except self._zmq.Again:
+                return ended
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class FeedbackStore:
+    """API-server side: receives records on a thread, answers lookups, passes sessions' ends on."""
+
+    def __init__(self, addr: str) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self._ends = zmq.Context.instance().socket(zmq.PUSH)
+        self._ends.setsockopt(zmq.SNDHWM, MAX_PROGRAMS)
+        self._ends.setsockopt(zmq.LINGER, 0)
+        self._ends.connect(ends_addr(addr))  # queues until the scheduler binds
         self.info: dict[str, Any] | None = None
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         #: Per program: [service_s, calls, since] of its calls that finished here.
@@ -184,6 +228,14 @@ class FeedbackStore:
                 return None
             service, calls, since = tally
         return ProgramService(program=program_id, service_s=service, calls=int(calls), since=since)
+
+    def end(self, program_id: str) -> bool:
+        """Pass a program's end on to the scheduler; False when its queue is full (the scheduler is gone)."""
+        try:
+            self._ends.send(program_id.encode(), flags=self._zmq.NOBLOCK)
+        except self._zmq.Again:
+            return False
+        return True
 
     def take(self, call_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -252,9 +304,16 @@ class FeedbackMiddleware:
         return send_with_record
 
     async def _answer(self, scope: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if scope["method"] != "GET":
-            return 405, _error(405, "Only GET is allowed here.", "method_not_allowed")
         path = scope["path"]
+        if scope["method"] == "DELETE" and path.startswith(FEEDBACK_PROGRAMS_PATH) and self.store is not None:
+            program = path.removeprefix(FEEDBACK_PROGRAMS_PATH)
+            if not program:
+                return 404, _error(404, "No program named.", "not_found")
+            if not self.store.end(program):
+                return 503, _error(503, "The scheduler does not take sessions' ends now.", "unavailable")
+            return 202, {"program": program, "ended": True}
+        if scope["method"] != "GET":
+            return 405, _error(405, "Only GET (and DELETE of a program) is allowed here.", "method_not_allowed")
         if path == FEEDBACK_INFO_PATH:
             if self.store is None or self.store.info is None:
                 return 404, _error(404, "No Autellix scheduler runs behind this server.", "not_found")

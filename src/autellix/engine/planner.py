@@ -30,6 +30,7 @@ from autellix.core.process_table import ProgramEntry
 from autellix.protocol import (
     XARG_CALL,
     XARG_DECLARED,
+    XARG_EXPECT_RETURN,
     XARG_PROGRAM,
     XARG_SERVICE,
     XARG_TENANT,
@@ -76,6 +77,8 @@ class CallIdentity:
     #: The program's tenant and its weight (``XARG_TENANT``): model time is shared between tenants by weight.
     tenant: str | None = None
     tenant_weight: float | None = None
+    #: The call offered tools: its program may come back after one runs (``XARG_EXPECT_RETURN``).
+    expect_return: bool = False
 
     @classmethod
     def of(cls, request_id: str, extra_args: Mapping[str, Any] | None, session_id: str | None) -> CallIdentity:
@@ -96,6 +99,7 @@ class CallIdentity:
             declared=_number(extra.get(XARG_DECLARED)),
             tenant=_text(extra.get(XARG_TENANT)),
             tenant_weight=_weight(extra.get(XARG_TENANT_WEIGHT)),
+            expect_return=extra.get(XARG_EXPECT_RETURN) is True,
         )
 
 

@@ -48,7 +48,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from autellix.core import SchedulerConfig
 from autellix.core.preemption import lost_kv_tokens
-from autellix.engine.feedback import FeedbackPublisher
+from autellix.engine.feedback import FeedbackPublisher, ProgramEnds
 from autellix.engine.kv.connector import AutellixSwapConnector
 from autellix.engine.kv.pool import ResumeAccounting
 from autellix.engine.kv.retention import (
@@ -115,6 +115,8 @@ class AutellixScheduler(TracedScheduler):
         self.kv_holding_waiting = RankedRequestQueue()
         self.planner = CallPlanner(self.autellix_config)
         self.feedback = FeedbackPublisher.from_env()
+        #: Sessions' ends from the gateway: their programs' holds go (None: no feedback socket).
+        self.program_ends = ProgramEnds.from_env()
         self._steps = 0
         self._left = 0
         # tokens recomputed after preemption (docs/kv-swap.md)
@@ -158,7 +160,8 @@ class AutellixScheduler(TracedScheduler):
         who = self.planner.identity(request.request_id)
         if who is not None:  # before vLLM frees its blocks: the program's prefix may be held
             if finished:
-                self.retention.finished(who.program_id, request, now, named=who.named)
+                self.retention.finished(who.program_id, request, now, named=who.named,
+                                        expect_return=who.expect_return)
             else:
                 self.retention.aborted(who.program_id, request, now)
             self._left += 1
@@ -173,6 +176,7 @@ class AutellixScheduler(TracedScheduler):
     # ---- one step -----------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._steps % self.autellix_config.multi_step == 0:
+            self._sessions_ended()
             self._replan(self.clock())
         output = super().schedule(*args, **kwargs)
         self.planner.started(output.num_scheduled_tokens)
@@ -204,6 +208,17 @@ class AutellixScheduler(TracedScheduler):
         self.planner.step_done(self.clock())
         self._steps += 1
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def shutdown(self) -> None:
+        if self.program_ends is not None:
+            self.program_ends.close()
+        super().shutdown()
+
+    def _sessions_ended(self) -> None:
+        """The programs whose sessions ended since the last look: the prefixes held for them go."""
+        if self.program_ends is not None:
+            for program in self.program_ends.take():
+                self.retention.ended(program)
 
     def _replan(self, now: float) -> None:
         moved, victims = self.planner.replan(now, (r.request_id for r in self.running), self.max_num_running_reqs,

@@ -153,7 +153,8 @@ class CallPath:
             spec = CallSpec(path=dialect.engine_path, body=body, model=model, owner=owner, stream=stream,
                             prompt_tokens=await self.prompt_tokens(dialect, body), received=received,
                             stream_usage=stream and dialect.asks_stream_usage, allowed_engines=allowed_engines,
-                            declared_tokens=declared, prompt_blocks=self.blocks(dialect, body))
+                            declared_tokens=declared, prompt_blocks=self.blocks(dialect, body),
+                            expect_return=dialect.offers_tools(body))
             used.prompt = spec.prompt_tokens
 
             async def send(attempt: Attempt[Any]) -> web.StreamResponse:

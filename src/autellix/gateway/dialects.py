@@ -76,6 +76,15 @@ class Dialect(ABC):
     def prompt_text(self, body: Mapping[str, Any]) -> str:
         return prompt_text(body)
 
+    def offers_tools(self, body: Mapping[str, Any]) -> bool:
+        """Whether the call offers the model tools it may call (``tools``, and a ``tool_choice`` that is
+        not none: OpenAI's string or Anthropic's ``{"type": ...}``): its program may come back with a
+        tool's result."""
+        choice = body.get("tool_choice")
+        if isinstance(choice, Mapping):
+            choice = choice.get("type")
+        return bool(body.get("tools")) and choice != "none"
+
     @abstractmethod
     def read_usage(self, answer: Mapping[str, Any], outcome: CallOutcome, backend: EngineBackend) -> None:
         """Fill ``outcome``'s token counts (and what the engine adds) from a whole answer."""

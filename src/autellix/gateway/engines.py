@@ -129,6 +129,8 @@ class EnginePool:
         #: An engine turned healthy and described its KV cache events (``INFO_KV_EVENTS``; None: none).
         self.on_described = on_described
         self.engines: dict[str, EngineState] = {}
+        #: Sessions' ends on their way to the engines (``program_ended``).
+        self._notices: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task | None = None
         self.ready = asyncio.Event()
 
@@ -267,6 +269,29 @@ class EnginePool:
             return None
         return CallRecord.from_dict(data) if isinstance(data, dict) else None
 
+    def program_ended(self, program_id: str, engines: Collection[str]) -> None:
+        """Tell the engines ``program_id`` ran on (those running Autellix's scheduler) that its session ended,
+        so that they drop the prefix they hold for it; in the background, best effort: an engine that does
+        not hear it gives the hold up under memory pressure, or once the pause outlasts its idle time."""
+        path = self.backend.program_path(program_id)
+        urls = [url for url in engines if (engine := self.engines.get(url)) is not None and engine.feedback]
+        if path is None or not urls:
+            return
+        task = asyncio.create_task(self._tell_ended(path, urls), name="program-ended")
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    async def _tell_ended(self, path: str, urls: list[str]) -> None:
+        async def tell(url: str) -> None:
+            try:
+                async with self.http.delete(url + path, timeout=aiohttp.ClientTimeout(total=2)) as answer:
+                    if answer.status >= 400:
+                        log.debug("engine %s: a session's end answered %d", url, answer.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.debug("engine %s: a session's end not told (%r)", url, exc)
+
+        await asyncio.gather(*(tell(url) for url in urls))
+
     def seconds_per_token(self, url: str) -> float:
         engine = self.engines.get(url)
         return engine.seconds_per_token if engine else DEFAULT_SECONDS_PER_TOKEN
@@ -282,6 +307,8 @@ class EnginePool:
 
     async def stop(self) -> None:
         await cancel(self._task)
+        for notice in list(self._notices):
+            await cancel(notice)
         await self.discovery.aclose()
 
     async def _loop(self) -> None:

@@ -110,6 +110,7 @@ class Gateway:
         """End the tenant's session ``session_id`` (404 when it is not the tenant's or not live)."""
         entry = await self.sessions.end(session_id, tenant)
         self.limiter.session_closed(tenant, entry.program_id, time.monotonic())
+        self.pool.program_ended(entry.program_id, entry.engines)
         return entry
 
     def identify(self, key: str | None) -> str | None:

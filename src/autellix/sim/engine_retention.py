@@ -87,6 +87,12 @@ class PrefixRetention:
         self.pool.touch(pin)  # before the request lets go of them
         return unpin
 
+    def ended(self, program: str) -> None:
+        """``program``'s session ended (the gateway tells the engine): its hold and its host copy go."""
+        self.pool.release(self.ledger.ended(program))
+        if self.host is not None:
+            self.host.take(program)
+
     def left(self, now: float) -> None:
         """A request left; every ``EXPIRE_EVERY``, programs that went quiet give their holds up."""
         self._left += 1

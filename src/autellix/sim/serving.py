@@ -479,6 +479,12 @@ def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, syste
         gateway.store.tenants.configure(tenant_weights or {})
         holder["pool"], holder["gateway"] = pool, gateway
 
+        def tell_ended(program_id: str) -> None:
+            """A session's end, as the gateway tells the engines that run Autellix's scheduler."""
+            if system.policy is not None and system.engine_scheduler == "autellix":
+                for engine in pool.values():
+                    engine.model.retention.ended(program_id)
+
         async def one(program: AgentProgram) -> None:
             stat = ProgramStat(program.program_id, program.workload, loop.time())
             stats.append(stat)
@@ -496,7 +502,9 @@ def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, syste
                 stat.finish = loop.time()
                 for subagent in llm.subagents[::-1]:  # subagents first, then their root
                     await gateway.store.end(subagent, remember=False)
+                    tell_ended(subagent)
                 await gateway.store.end(program.program_id, remember=False)
+                tell_ended(program.program_id)
                 if gateway.ranks is not None:
                     gateway.ranks.ended(program.program_id)
                 if gateway.admission is not None:

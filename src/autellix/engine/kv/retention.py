@@ -173,10 +173,13 @@ class PrefixRetention:
         self._unpin(self.ledger.resumed(program))
         self._held_changed()
 
-    def finished(self, program: Hashable, request: Request, now: float, *, named: bool) -> None:
-        """A call is about to leave (its blocks not yet freed): hold its program's prefix if the ledger says so."""
+    def finished(self, program: Hashable, request: Request, now: float, *, named: bool,
+                 expect_return: bool = False) -> None:
+        """A call is about to leave (its blocks not yet freed): hold its program's prefix if the ledger says so
+        (``expect_return``: the call offered tools, so its program may be back from its first pause)."""
         blocks = self._cached_blocks(request) if named else []
-        pin, unpin = self.ledger.finished(program, now, blocks, request.block_hashes[:len(blocks)])
+        pin, unpin = self.ledger.finished(program, now, blocks, request.block_hashes[:len(blocks)],
+                                          expect_return=expect_return)
         if pin:
             self.pool.touch(pin)
         self._unpin(unpin)
@@ -186,6 +189,13 @@ class PrefixRetention:
         if self._waiting.get(program) is request:
             del self._waiting[program]
         self._unpin(self.ledger.aborted(program, now))
+        self._held_changed()
+
+    def ended(self, program: Hashable) -> None:
+        """The program's session ended: its hold, and its copy in the host pool, go."""
+        self._unpin(self.ledger.ended(program))
+        if self._offloaded.pop(program, None) is not None:
+            self.swap.forget_prefix(_prefix_key(program))
         self._held_changed()
 
     def expire(self, now: float, idle_s: float) -> None:
