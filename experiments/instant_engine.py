@@ -42,11 +42,16 @@ async def log_unknown(request: web.Request, handler: Handler) -> web.StreamRespo
         raise
 
 
-def create_app() -> web.Application:
-    app = web.Application(middlewares=[log_unknown])
+def add_probes(app: web.Application) -> None:
+    """What a gateway reads of an engine besides its calls: health, metrics and the models it serves."""
     app.router.add_get("/health", fixed(b"", "text/plain"))
     app.router.add_get("/metrics", fixed(METRICS, "text/plain"))
     app.router.add_get("/v1/models", fixed(MODELS))
+
+
+def create_app() -> web.Application:
+    app = web.Application(middlewares=[log_unknown])
+    add_probes(app)
     app.router.add_post("/v1/chat/completions", fixed(CHAT, read_body=True))
     app.router.add_post("/v1/completions", fixed(COMPLETION, read_body=True))
     return app

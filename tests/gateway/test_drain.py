@@ -47,11 +47,8 @@ class StandInEngine:
         return web.Response(body=self.instant.CHAT, content_type="application/json")
 
     async def start(self) -> None:
-        fixed = self.instant.fixed
         app = web.Application()
-        app.router.add_get("/health", fixed(b"", "text/plain"))
-        app.router.add_get("/metrics", fixed(self.instant.METRICS, "text/plain"))
-        app.router.add_get("/v1/models", fixed(self.instant.MODELS))
+        self.instant.add_probes(app)
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()

@@ -41,12 +41,9 @@ class SchedulerStandIn:
         return web.json_response({"program": request.match_info["program"], "ended": True}, status=202)
 
     async def start(self) -> None:
-        fixed = self.instant.fixed
         app = web.Application()
-        app.router.add_get("/health", fixed(b"", "text/plain"))
-        app.router.add_get("/metrics", fixed(self.instant.METRICS, "text/plain"))
-        app.router.add_get("/v1/models", fixed(self.instant.MODELS))
-        app.router.add_get(FEEDBACK_INFO_PATH, fixed(b'{"scheduler": "autellix"}'))
+        self.instant.add_probes(app)
+        app.router.add_get(FEEDBACK_INFO_PATH, self.instant.fixed(b'{"scheduler": "autellix"}'))
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_delete(FEEDBACK_PROGRAMS_PATH + "{program}", self._end)
         self._runner = web.AppRunner(app)
