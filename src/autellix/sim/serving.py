@@ -479,9 +479,11 @@ def _simulate(programs: Sequence[AgentProgram], *, profile: EngineProfile, syste
         gateway.store.tenants.configure(tenant_weights or {})
         holder["pool"], holder["gateway"] = pool, gateway
 
+        engines_hear_ends = system.policy is not None and system.engine_scheduler == "autellix"
+
         def tell_ended(program_id: str) -> None:
             """A session's end, as the gateway tells the engines that run Autellix's scheduler."""
-            if system.policy is not None and system.engine_scheduler == "autellix":
+            if engines_hear_ends:
                 for engine in pool.values():
                     engine.model.retention.ended(program_id)
 
