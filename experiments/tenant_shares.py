@@ -25,6 +25,9 @@ Then ``--weights``: two tenants, each ``WEIGHTS_PROGRAMS`` ``bfcl`` programs arr
 32-slot engine, with the weights 3:1 (and 1:1): each tenant's model time over the contended interval
 (from the last tenant's first arrival until the first tenant has fewer programs live than the engine
 has slots), its ratio, and the throughput over no shares'. Deterministic per seed (virtual time).
+
+``--lead-tolerance T`` (measured, not adopted): a tenant's lead counts only beyond ``1 + T`` times the least
+active tenant's normalised service (``TenantShares.lead`` patched in each worker here, nothing else changed).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from autellix.core.tenant_shares import LEAD_GAIN, TenantShares
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import SimRun, simulate_programs
 from autellix.workloads import AgentProgram, make_programs
@@ -118,15 +122,36 @@ def backlogged_until(stats: list[Any]) -> float:
 EQUAL_POINTS = (("mixed", 2.0), ("bfcl", 8.0))
 
 
-def equal_task(task: tuple[int, str, float, str]) -> tuple[tuple[int, str, float, str], float]:
+def equal_task(task: tuple[int, str, float, str]) -> tuple[tuple[int, str, float, str], dict[str, float]]:
+    """The mean program token latency of all, and each tenant's (``mean a``) and model time (``time a``)."""
     seed, workload, rate, system = task
     programs = [tenant(p, "a" if i % 2 == 0 else "b") for i, p in enumerate(make_programs(workload, 200, seed=seed))]
     run = simulate(programs, system, seed, rate, WEIGHTS_SLOTS)
-    return task, statistics.mean(p.token_latency for p in run.result.programs)
+    of = {p.program_id: p.tenant for p in programs}
+    out = {"mean": statistics.mean(p.token_latency for p in run.result.programs), "time a": 0.0, "time b": 0.0}
+    for name in "ab":
+        out[f"mean {name}"] = statistics.mean(p.token_latency for p in run.result.programs if of[p.program_id] == name)
+    for call in run.result.calls:
+        out[f"time {of[call.program_id.split('/')[0]]}"] += call.model_time or 0.0
+    return task, out
 
 
 def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def tolerate(tolerance: float) -> None:
+    """``TenantShares.lead`` with a relative tolerance: the lead beyond ``1 + tolerance`` times the floor."""
+    if tolerance <= 0:
+        return
+
+    def lead(self: TenantShares, tenant: str | None) -> float:
+        if len(self._active) < 2 or tenant not in self._active:
+            return 0.0
+        floor = min(self._tenants[t].normalized for t in self._active)
+        return LEAD_GAIN * max(0.0, self._tenants[tenant].normalized - (1.0 + tolerance) * floor)
+
+    TenantShares.lead = lead  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -139,19 +164,25 @@ def main() -> None:
     parser.add_argument("--weights", action="store_true", help="the weights' split instead")
     parser.add_argument("--equal", action="store_true", help="two tenants alike instead")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--lead-tolerance", type=float, default=0.0, help="a relative tolerance on the lead (tried)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     systems = args.systems.split(",")
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with ProcessPoolExecutor(max_workers=args.jobs, initializer=tolerate, initargs=(args.lead_tolerance,)) as pool:
         if args.equal:
             means = dict(pool.map(equal_task, [(seed, w, r, system) for seed in seeds for w, r in EQUAL_POINTS
                                                for system in ("autellix", "autellix-one-tenant")]))
             print("| workload | mean token latency, shares over none (mean, min-max over seeds) |")
             print("|---|---|")
             for workload, rate in EQUAL_POINTS:
-                ratios = [means[(s, workload, rate, "autellix")] / means[(s, workload, rate, "autellix-one-tenant")]
-                          for s in seeds]
+                ratios = [means[(s, workload, rate, "autellix")]["mean"]
+                          / means[(s, workload, rate, "autellix-one-tenant")]["mean"] for s in seeds]
                 print(f"| {workload} {rate:g}/s | {spread(ratios)} |")
+            print("\n| workload | seed | system | model time a / b (s) | mean token latency a / b (ms) |")
+            print("|---|---|---|---|---|")
+            for (seed, workload, rate, system), m in sorted(means.items()):
+                print(f"| {workload} {rate:g}/s | {seed} | {system} | {m['time a']:.0f} / {m['time b']:.0f} | "
+                      f"{m['mean a'] * 1000:.1f} / {m['mean b'] * 1000:.1f} |")
             return
         if args.weights:
             systems = [s for s in systems if s != "lone-first"]  # no lone tenant here
