@@ -1,6 +1,7 @@
 """Where the CPU engine's ``tool-pause`` tail comes from, in the simulator, and what changes it: measured, not adopted.
 
     nice -n 5 .venv/bin/python experiments/tool_pause_tail.py [--seeds 1-8] [--variants ...] [--trace SEED]
+    nice -n 5 .venv/bin/python experiments/tool_pause_tail.py --check ORDER [--against REPORT]
 
 The point is the real CPU engine's (``cpu-tiny``, 4 slots, 60 ``tool-pause`` programs at 4/s), where
 autellix's P99 program token latency trails client-plas's on the engine and in the simulator
@@ -18,26 +19,35 @@ the seeds and their range. Variants:
 The last three patch ``core.mlq.MultiLevelQueue`` here (nothing else changes); the engine's planner may skip a
 sweep that would move no call, so a reorder waits for the next sweep that runs. ``--trace SEED`` prints the
 programs with the worst token latency under autellix beside client-plas: when each program arrived, when its
-first call was sent (the wait in admission), and each call's queueing. Deterministic (virtual time).
+first call was sent (the wait in admission), and each call's queueing. ``--check ORDER`` runs the simulator's
+check (``autellix sim sweep --figures check``, no ceiling) with promoted calls placed by ``ORDER``: only the
+systems that run the queue (autellix and plas) run again, the others' results are read from ``--against``,
+a check report of the same tree (theirs do not depend on the queue), and each point is checked as the sweep
+checks it; it prints the points whose verdict or autellix's numbers moved. Deterministic (virtual time).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import autellix.core.mlq as mlq
 from autellix.core import SchedulerConfig
+from autellix.sim import sweep
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import SimRun, sim_summary, simulate_programs
 from autellix.workloads import make_programs
 
 WORKLOAD, PROGRAMS, RATE, SLOTS = "tool-pause", 60, 4.0, 4
+#: The check report the queue's orders are held to, and the systems of the check that run the queue.
+AGAINST, QUEUED = "docs/img/declared-check/sim-check.json", ("autellix", "plas")
 SYSTEMS = ("autellix", "autellix-no-admission")
 DEFAULT_VARIANTS = "default,tail,ratio,las,beta=8,beta=16,beta=inf,backlog_factor=inf"
 ORDERS = ("tail", "ratio", "las")
@@ -153,6 +163,41 @@ def print_trace(seed: int, worst: int = 6) -> None:
                   f"{p.token_latency * 1000:.0f} | {mine[0].submitted - p.arrival:.1f} | {queueing} |")
 
 
+def print_check(order: str, against: str, jobs: int) -> None:
+    before = json.loads(Path(against).read_text())
+    with promoted_order(order):  # the check's worker processes are forked with it
+        after = sweep.check(before["profile"], slots=[int(n) for n in before["slots"]], seeds=before["seeds"],
+                            systems=QUEUED, jobs=jobs, ceiling=False, progress=lambda _: None)
+    passed = [0, 0]
+    logs: list[tuple[float, float]] = []
+    print("| slots | workload | rate | seed | overloaded | mean / P99 over the best rival's: before, after | "
+          "autellix after / before: mean, P99 | passes after |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, workloads in before["slots"].items():
+        for workload, data in workloads.items():
+            for old, new in zip(data["points"], after["slots"][n][workload]["points"], strict=True):
+                results = old["results"] | new["results"]
+                check = sweep.check_point(results)
+                passed[0] += old["check"]["passed"]
+                passed[1] += check["passed"]
+                mine, was = new["results"]["autellix"], old["results"]["autellix"]
+                mean = mine["mean_token_latency"] / was["mean_token_latency"]
+                p99 = mine["p99_token_latency"] / was["p99_token_latency"]
+                if old["overloaded"]:
+                    logs.append((math.log(mean), math.log(p99)))
+                if check["passed"] != old["check"]["passed"] or not check["passed"] or max(
+                        abs(mean - 1), abs(p99 - 1)) > 0.03:
+                    print(f"| {n} | {workload} | {old['rate']:g} | {old['seed']} | {old['overloaded']} | "
+                          f"{old['check']['mean_vs_best']:.3f} / {old['check']['p99_vs_best']:.3f}, "
+                          f"{check['mean_vs_best']:.3f} / {check['p99_vs_best']:.3f} | {mean:.3f}, {p99:.3f} | "
+                          f"{check['passed']} |")
+    points = sum(len(w["points"]) for by_workload in before["slots"].values() for w in by_workload.values())
+    mean_ratio = math.exp(statistics.mean(m for m, _ in logs))
+    p99_ratio = math.exp(statistics.mean(p for _, p in logs))
+    print(f"\npoints passed: {passed[0]} before, {passed[1]} after, of {points}; autellix at the overloaded "
+          f"points, after / before (geometric mean): mean {mean_ratio:.3f}, P99 {p99_ratio:.3f}")
+
+
 def seeds_of(text: str) -> list[int]:
     first, _, last = text.partition("-")
     return list(range(int(first), int(last) + 1)) if last else [int(s) for s in text.split(",")]
@@ -163,8 +208,13 @@ def main() -> None:
     parser.add_argument("--seeds", default="1-8", help="1-8 or 1,2,3")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--trace", type=int, default=None, help="the worst programs of this seed instead")
+    parser.add_argument("--check", choices=ORDERS, default=None, help="the check with this order instead")
+    parser.add_argument("--against", default=AGAINST, help="the check report held to")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
+    if args.check is not None:
+        print_check(args.check, args.against, args.jobs)
+        return
     if args.trace is not None:
         print_trace(args.trace)
         return
