@@ -33,6 +33,8 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+import tool_pause_tail  # this folder's run of the CPU engine's tool-pause point in the simulator
+
 from autellix.core import SchedulerConfig
 from autellix.sim.clairvoyant import LEARNING_SYSTEM, Clairvoyance
 from autellix.sim.engine_profile import EngineProfile
@@ -84,10 +86,7 @@ def run(task: Task) -> tuple[tuple[str, int, float, int], dict[str, Any]]:
 
 
 def cpu_tail(task: tuple[int, str]) -> tuple[tuple[int, str], tuple[float, float]]:
-    seed, system = task
-    profile = EngineProfile.load("cpu-tiny").with_overrides(max_num_seqs=4)
-    programs = make_programs("tool-pause", 60, seed=seed)
-    summary = sim_summary(simulate_programs(programs, profile=profile, system=system, rate=4.0, seed=seed))
+    summary = sim_summary(tool_pause_tail.run(*task))
     return task, (summary["mean_token_latency"], summary["p99_token_latency"])
 
 

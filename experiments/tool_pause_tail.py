@@ -86,13 +86,13 @@ def promoted_order(order: str | None) -> Iterator[None]:
     if order is None:
         yield
         return
-    sweep, move = mlq.MultiLevelQueue._sweep, mlq.MultiLevelQueue._move
+    queue_sweep, queue_move = mlq.MultiLevelQueue._sweep, mlq.MultiLevelQueue._move
 
     def patched_move(self: mlq.MultiLevelQueue, call: mlq.QueuedCall, level: int, *, by_arrival: bool = False) -> None:
-        move(self, call, level, by_arrival=by_arrival and not (order == "tail" and call.promoted and level == 0))
+        queue_move(self, call, level, by_arrival=by_arrival and not (order == "tail" and call.promoted and level == 0))
 
     def patched_sweep(self: mlq.MultiLevelQueue, now: float) -> list[mlq.QueuedCall]:
-        moved = sweep(self, now)
+        moved = queue_sweep(self, now)
         if order != "tail" and not math.isinf(self.spec.beta):
             _reorder_promoted(self, order, moved)
         return moved
@@ -101,7 +101,7 @@ def promoted_order(order: str | None) -> Iterator[None]:
     try:
         yield
     finally:
-        mlq.MultiLevelQueue._sweep, mlq.MultiLevelQueue._move = sweep, move
+        mlq.MultiLevelQueue._sweep, mlq.MultiLevelQueue._move = queue_sweep, queue_move
 
 
 def run(seed: int, system: str, variant: str = "default") -> SimRun:
