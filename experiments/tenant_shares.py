@@ -25,9 +25,6 @@ Then ``--weights``: two tenants, each ``WEIGHTS_PROGRAMS`` ``bfcl`` programs arr
 32-slot engine, with the weights 3:1 (and 1:1): each tenant's model time over the contended interval
 (from the last tenant's first arrival until the first tenant has fewer programs live than the engine
 has slots), its ratio, and the throughput over no shares'. Deterministic per seed (virtual time).
-
-``--lead-tolerance T`` (measured, not adopted): a tenant's lead counts only beyond ``1 + T`` times the least
-active tenant's normalised service (``TenantShares.lead`` patched in each worker here, nothing else changed).
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from autellix.core.tenant_shares import LEAD_GAIN, TenantShares
 from autellix.sim.engine_profile import EngineProfile
 from autellix.sim.serving import SimRun, simulate_programs
 from autellix.workloads import AgentProgram, make_programs
@@ -140,20 +136,6 @@ def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def tolerate(tolerance: float) -> None:
-    """``TenantShares.lead`` with a relative tolerance: the lead beyond ``1 + tolerance`` times the floor."""
-    if tolerance <= 0:
-        return
-
-    def lead(self: TenantShares, tenant: str | None) -> float:
-        if len(self._active) < 2 or tenant not in self._active:
-            return 0.0
-        floor = min(self._tenants[t].normalized for t in self._active)
-        return LEAD_GAIN * max(0.0, self._tenants[tenant].normalized - (1.0 + tolerance) * floor)
-
-    TenantShares.lead = lead  # type: ignore[method-assign]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seeds", default="1,2,3")
@@ -164,11 +146,10 @@ def main() -> None:
     parser.add_argument("--weights", action="store_true", help="the weights' split instead")
     parser.add_argument("--equal", action="store_true", help="two tenants alike instead")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--lead-tolerance", type=float, default=0.0, help="a relative tolerance on the lead (tried)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     systems = args.systems.split(",")
-    with ProcessPoolExecutor(max_workers=args.jobs, initializer=tolerate, initargs=(args.lead_tolerance,)) as pool:
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         if args.equal:
             means = dict(pool.map(equal_task, [(seed, w, r, system) for seed in seeds for w, r in EQUAL_POINTS
                                                for system in ("autellix", "autellix-one-tenant")]))

@@ -147,3 +147,27 @@ def test_anti_starvation_lifts_a_starving_program_only_to_its_tenants_lead() -> 
     lifted = queue.get("b-prog-1")
     assert lifted.promoted and lifted.level == spec.level_for(lead) > 0  # not to Q1: its tenant is ahead
     assert [c.call_id for c in queue.form_batch(lambda call: True)] == ["a-prog-1", "b-prog-1"]
+
+
+def test_slot_quotas_split_the_engine_by_weight_and_tilt_against_a_tenant_ahead() -> None:
+    shares = TenantShares(quota_halving_s=1.0)
+    shares.call_started("a", 0.0)
+    assert shares.slot_quotas(8) is None  # alone: nothing to share
+    shares.set_weight("heavy", 3.0)
+    shares.call_started("heavy", 0.0)
+    assert shares.slot_quotas(8) == {"a": 2, "heavy": 6}
+    _served(shares, "heavy", 3.0 * 8.0)  # heavy is a whole second of the 8-slot engine ahead: half its weight
+    assert shares.slot_quotas(8) == {"a": 3, "heavy": 5}  # 3.2 and 4.8: the larger remainder rounds up
+    shares.call_started("c", 0.0)
+    one = shares.slot_quotas(1)  # one slot: one of the tenants not ahead (heavy is 8 s of this engine ahead)
+    assert one is not None and sorted(one.values()) == [0, 0, 1] and one["heavy"] == 0
+    with pytest.raises(ValueError):
+        TenantShares(quota_halving_s=0.0)
+
+
+def test_an_engines_shares_have_no_lead() -> None:
+    shares = TenantShares(lead_gain=0.0)
+    shares.call_started("a", 0.0)
+    shares.call_started("b", 0.0)
+    _served(shares, "a", 10.0)
+    assert shares.lead("a") == 0.0 and shares.slot_quotas(2)["b"] > 1.0

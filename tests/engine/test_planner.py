@@ -45,7 +45,7 @@ def test_the_declared_model_time_from_the_gateway_places_a_new_programs_call():
     assert XARG_DECLARED not in SchedulingFields("small", "g2", 0.0, 0.0).xargs()
 
 
-def test_the_tenant_and_its_weight_from_the_gateway_share_the_engine_between_tenants():
+def test_the_tenant_and_its_weight_from_the_gateway_share_the_engines_slots_between_tenants():
     planner = CallPlanner(SchedulerConfig())
 
     def identity(program: str, call: str, tenant: str, weight: float = 1.0) -> CallIdentity:
@@ -55,15 +55,23 @@ def test_the_tenant_and_its_weight_from_the_gateway_share_the_engine_between_ten
 
     assert identity("p", "c", "team-a", 3.0).tenant_weight == 3.0
     assert XARG_TENANT not in SchedulingFields("p", "c", 0.0, 0.0).xargs()  # no tenants: nothing said
-    planner.arrive("a0", identity("a", "a0", "team-a"), 0.0)
-    planner.arrive("b0", identity("b", "b0", "team-b"), 0.0)
-    planner.started(["a0", "b0"])
-    planner.step_done(2.0)
-    planner.leave("a0", 2.0, finished=True)  # team-a has had 2 s; team-b's call still runs
-    assert planner.table["a"].owner == "team-a"
-    fresh_a = planner.arrive("a1", identity("a2", "a1", "team-a"), 2.0)  # a fresh program of the tenant ahead
-    fresh_b = planner.arrive("b1", identity("b2", "b1", "team-b"), 2.0)
-    assert planner.program_view("a2").lead > 0 and planner.program_view("b2").lead == 0.0
-    assert fresh_a.level > fresh_b.level
-    planner.arrive("a2", identity("a3", "a2", "team-a", weight=1e6), 2.0)  # the latest weight counts
-    assert planner.table.tenants.weight("team-a") == 1e6 and planner.program_view("b2").patience == 1e6
+    for call in ("a0", "a1"):  # team-a alone fills both slots: nothing banded
+        planner.arrive(call, identity(f"prog-{call}", call, "team-a"), 0.0)
+    assert planner.replan(0.0, [], 2) == ([], [])
+    planner.started(["a0", "a1"])
+    planner.step_done(0.5)
+    for call in ("b0", "b1"):
+        planner.arrive(call, identity(f"prog-{call}", call, "team-b"), 0.5)
+    assert planner.table["prog-a0"].owner == "team-a" and planner.program_view("prog-a0").lead == 0.0
+    moved, victims = planner.replan(0.5, ["a0", "a1"], 2)  # a slot each: team-a's second call gives way
+    assert {c.call_id: c.band for c in moved} == {"a1": 1, "b1": 1}
+    assert [c.call_id for c in victims] == ["a1"]
+    assert planner.queue.get("b0").rank < planner.queue.get("a1").rank < planner.queue.get("b1").rank
+    planner.arrive("a2", identity("prog-a2", "a2", "team-a", weight=1e6), 0.5)  # the latest weight counts
+    assert planner.table.tenants.weight("team-a") == 1e6 and planner.program_view("prog-b0").patience == 1e6
+    moved, _ = planner.replan(0.5, ["a0", "b0"], 2)  # both slots are team-a's quota now
+    assert {c.call_id: c.band for c in moved} == {"a1": 0, "b0": 1, "a2": 1}
+    for call in ("b0", "b1"):
+        planner.leave(call, 1.0, finished=False)
+    moved, _ = planner.replan(1.0, ["a0", "a1"], 2)  # team-a alone again: nothing banded
+    assert {c.call_id: c.band for c in moved} == {"a2": 0}

@@ -138,6 +138,9 @@ class QueuedCall:
     #: Its place inside its current queue (calls run in ascending order): when
     #: it entered the queue, or, once promoted to Q1, when it arrived (``seq``).
     entered: int = 0
+    #: 1: its tenant's calls fill the tenant's slot quota without it, so it runs behind every call within
+    #: a quota, in its queue's order (``CallPlanner``, ``TenantShares.slot_quotas``); 0 otherwise.
+    band: int = 0
     payload: Any = None
 
     # A call in the engine is always either running or waiting, so its waiting
@@ -157,9 +160,10 @@ class QueuedCall:
 
     @property
     def rank(self) -> int:
-        """One integer that sorts calls exactly as the queues do (Q1 first, then
-        by place inside each): what an engine's priority heap is keyed by."""
-        return (self.level << RANK_BITS) | self.entered
+        """One integer that sorts calls exactly as the engine runs them (calls within their tenant's
+        slot quota first, then Q1 first, then by place inside each): what an engine's priority heap
+        is keyed by."""
+        return (self.band << BAND_SHIFT) | (self.level << RANK_BITS) | self.entered
 
 
 #: What ``MultiLevelQueue.quiet_until`` allows for rounding: a share of the starvation
@@ -170,6 +174,8 @@ _TIME_SLACK = 1e-6
 #: Bits of ``QueuedCall.rank`` left for the FCFS position: 2**40 queue entries
 #: per engine lifetime, and ranks stay inside vLLM's int64 priority range.
 RANK_BITS = 40
+#: Where ``QueuedCall.band`` sits in a rank: above any level, within vLLM's int64 priority range.
+BAND_SHIFT = 62
 
 
 def backlog_ratio(calls: Iterable[QueuedCall], view_of: ProgramLookup) -> float:

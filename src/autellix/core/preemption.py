@@ -17,7 +17,9 @@ A preemption is not free, so by default it must pay for itself
   swapping them is round robin, a context switch with nothing to gain under
   least-attained-service, while a newcomer from a better queue belongs to a
   program with a fraction of the victim's service (the boundaries are x4
-  apart), which is expected to finish much sooner.
+  apart), which is expected to finish much sooner. Between tenants, a call
+  within its tenant's slot quota outranks one beyond another's whatever their
+  queues (``QueuedCall.band``): that is how a tenant gets its quota back.
 * **The victim's loss counts.** Preemption by recompute throws away the
   victim's KV: the engine recomputes what the prefix cache no longer holds,
   and that prefill is paid by every call in the batch. The engine says, per
@@ -149,8 +151,9 @@ def preemption_victims(ordered: Iterable[QueuedCall], running: Collection[Hashab
     # the rest need a victim each, best-ranked newcomer first.
     needy = newcomers[len(newcomers) - needed:]
     cost = lost_tokens or (lambda _call: 0)
-    # worst queue first, and within a queue the call that loses least, then the worst-ranked
-    candidates = sorted(((c, cost(c)) for c in outside), key=lambda cl: (-cl[0].level, cl[1]))
+    # beyond a tenant's quota first, then the worst queue, and within a queue the call that loses least,
+    # then the worst-ranked
+    candidates = sorted(((c, cost(c)) for c in outside), key=lambda cl: (-cl[0].band, -cl[0].level, cl[1]))
     victims: list[QueuedCall] = []
     spent = 0
     for position, newcomer in enumerate(needy, 1):
@@ -159,7 +162,7 @@ def preemption_victims(ordered: Iterable[QueuedCall], running: Collection[Hashab
         if turnover is not None and turnover.expected_wait_steps(position) < rule.min_wait_steps:
             continue  # a running call will leave soon enough: waiting costs less than a switch
         for i, (call, lost) in enumerate(candidates):
-            if call.level - newcomer.level < max(rule.min_level_gap, 1):
+            if not outranks(newcomer, call, rule.min_level_gap):
                 continue
             if spent + lost > rule.max_lost_tokens:
                 continue
@@ -168,3 +171,12 @@ def preemption_victims(ordered: Iterable[QueuedCall], running: Collection[Hashab
             del candidates[i]
             break
     return victims
+
+
+def outranks(newcomer: QueuedCall, victim: QueuedCall, min_level_gap: int) -> bool:
+    """The newcomer may take the victim's slot: it is within its tenant's slot quota and the victim is
+    beyond its own (``QueuedCall.band``), or both are on the same side and the newcomer sits at least
+    ``min_level_gap`` queues (at least one) better."""
+    if victim.band != newcomer.band:
+        return victim.band > newcomer.band
+    return victim.level - newcomer.level >= max(min_level_gap, 1)

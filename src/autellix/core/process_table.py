@@ -154,7 +154,7 @@ class ProgramEntry:
 class ProcessTable:
     """Live programs by id, updated as their calls arrive and finish."""
 
-    def __init__(self, policy: Policy, *, idle_ttl: float = math.inf) -> None:
+    def __init__(self, policy: Policy, *, idle_ttl: float = math.inf, tenants: TenantShares | None = None) -> None:
         self.policy = policy
         self.idle_ttl = idle_ttl
         self._programs: dict[str, ProgramEntry] = {}
@@ -166,7 +166,7 @@ class ProcessTable:
         self._recent_model_time = 0.0
         self._recent_tokens = 0.0
         #: Model time shared between the programs' tenants (``owner``) by weight.
-        self.tenants = TenantShares()
+        self.tenants = tenants if tenants is not None else TenantShares()
 
     def __len__(self) -> int:
         return len(self._programs)

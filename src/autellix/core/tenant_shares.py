@@ -1,24 +1,28 @@
-"""Tenant shares: how far each tenant is ahead of its weighted share of model time.
+"""Tenant shares: each tenant's weighted share of model time, and how far each tenant is ahead of it.
 
 PLAS and ATLAS rank programs, so a tenant that runs a swarm of fresh programs
 ranks all of them at zero service, ahead of another tenant's one long agent,
-and takes the engines from it. Shares rank tenants first: each tenant has a
-weight (default 1), and its service over its weight is its *normalised
-service*. A tenant's *lead* is how far its normalised service is over the least
-of the tenants that have calls in flight (times ``LEAD_GAIN``), and:
+and takes the engines from it. Shares give each tenant a weight (default 1);
+its service over its weight is its *normalised service*, and what it is ahead
+of the least-served tenant with calls in flight decides:
 
-* every program of the tenant ranks at its own priority plus the lead
-  (``ProcessTable.view``): the tenant furthest behind ranks its programs as the
-  policy alone would, a tenant ahead ranks behind by what it is ahead, until
-  the others catch up, so backlogged tenants' model time follows their weights;
-* anti-starvation lifts a starving program to its tenant's lead, not past the
-  tenants behind theirs (``MultiLevelQueue._top_level``), and reads its waiting
-  as patiently as its weight is short of the heaviest active tenant's
-  (``patience``): a tenant of a third of another's weight waits three times as
-  long for the same service, by design;
-* within a tenant the order is the policy's (one lead for all its programs);
-* a tenant alone has no lead: it loses nothing, and nothing is ever held back
-  (the queues still run whatever fits: work-conserving).
+* **at an engine, its slot quota** (``slot_quotas``): the engine's slots split
+  between its active tenants by weight, a tenant's weight halved for every
+  ``QUOTA_HALVING_S`` seconds of the engine's time it is ahead. Each tenant's
+  best-ranked calls, as many as its quota, run ahead of every call beyond a
+  quota (``CallPlanner``, ``QueuedCall.band``), and within the quotas and
+  beyond them the order is the policy's. Programs keep their own priority:
+  alike tenants each keep their small programs first, and what a tenant's
+  calls do not fill of its quota goes to the others (work-conserving);
+* **at the gateway, its lead** (``lead``: what it is ahead, times
+  ``LEAD_GAIN``), added to every program's priority of the tenant
+  (``ProcessTable.view``): the priority the gateway sends engines that rank by
+  it alone (``send_priority``), where there are no slots to give a quota of;
+* anti-starvation reads a program's waiting as patiently as its tenant's
+  weight is short of the heaviest active tenant's (``patience``): a tenant of a
+  third of another's weight waits three times as long for the same service, by
+  design;
+* a tenant alone has no quota and no lead: it loses nothing.
 
 A tenant's service is charged as its calls finish. Credit is not banked: a
 tenant that starts calls again after a pause starts at least at the least
@@ -37,6 +41,12 @@ from dataclasses import dataclass
 
 #: A tenant's weight when none is set.
 DEFAULT_WEIGHT = 1.0
+#: A tenant ahead of the least-served active tenant by this many seconds of the whole engine's time (its
+#: normalised service over the engine's slots) counts at half its weight in its slot quota, a quarter at
+#: twice that (``slot_quotas``). Equal quotas alone left a lone agent, whose bursts need more than half
+#: of the engine between stretches that need less, at 1.26x its latency beside a tenant like it against
+#: another tenant's swarm; 0.25-0.5 s brought it to 1.15x (experiments/tenant_shares.py).
+QUOTA_HALVING_S = 0.5
 #: What a second of lead weighs against a second of a program's own priority. A tenant's one program
 #: ranks by its own service, which is its tenant's too: at a gain of 1, such a program that could
 #: use the whole engine held only a third of it against another tenant's swarm of fresh programs
@@ -66,10 +76,16 @@ class TenantShare:
 class TenantShares:
     """Every tenant's normalised service, and which tenants have calls in flight."""
 
-    def __init__(self, *, half_life_s: float = 60.0, max_tenants: int = 100_000) -> None:
+    def __init__(self, *, half_life_s: float = 60.0, max_tenants: int = 100_000, lead_gain: float = LEAD_GAIN,
+                 quota_halving_s: float = QUOTA_HALVING_S) -> None:
         if not half_life_s > 0:
             raise ValueError(f"half_life_s: must be positive, got {half_life_s}")
+        if lead_gain < 0 or not quota_halving_s > 0:
+            raise ValueError("lead_gain must be >= 0 and quota_halving_s positive")
         self.half_life_s = half_life_s
+        #: What the lead weighs (``lead``): 0 where slot quotas share the engine instead (``CallPlanner``).
+        self.lead_gain = lead_gain
+        self.quota_halving_s = quota_halving_s
         self.max_tenants = max_tenants
         self._tenants: dict[str | None, TenantShare] = {}
         #: Weights set by name (the gateway's keys): a tenant's account starts with its weight here.
@@ -169,11 +185,40 @@ class TenantShares:
         """How far ``tenant`` is ahead of the least-served active tenant, in seconds of model time
         per unit of weight, times ``LEAD_GAIN`` (0 for the least-served, for a tenant alone, and for
         one with no call in flight)."""
-        if len(self._active) < 2 or tenant not in self._active:
+        if len(self._active) < 2 or tenant not in self._active or not self.lead_gain:
             return 0.0
+        return self.lead_gain * (self._tenants[tenant].normalized - self._least_normalized())
+
+    def _least_normalized(self) -> float:
         if self._floor is None:
             self._floor = min(self._tenants[t].normalized for t in self._active)
-        return LEAD_GAIN * (self._tenants[tenant].normalized - self._floor)
+        return self._floor
+
+    def slot_quotas(self, capacity: int) -> dict[str | None, int] | None:
+        """How many of an engine's ``capacity`` slots each active tenant's calls may hold ahead of every
+        other tenant's, by weight, in whole slots that add up to ``capacity`` (the largest remainders
+        round up); None for fewer than two active tenants (nothing to share).
+
+        Each tenant counts at its weight, halved for every ``quota_halving_s`` seconds of the engine's
+        time (``capacity`` times that in normalised service) it is ahead of the least-served active
+        tenant: a tenant that held less than its share while it had fewer calls than its quota gets
+        more of the engine when its calls come in a burst, and one that held more gets less, until
+        they are even (credit is not banked past a pause: ``call_started``)."""
+        if len(self._active) < 2:
+            return None
+        floor = self._least_normalized()
+        scale = self.quota_halving_s * capacity
+        tilted = {}
+        for tenant in self._active:
+            share = self._tenants[tenant]
+            tilted[tenant] = share.weight * 0.5 ** ((share.normalized - floor) / scale)
+        total = sum(tilted.values())
+        exact = {tenant: capacity * part / total for tenant, part in tilted.items()}
+        quotas = {tenant: math.floor(quota) for tenant, quota in exact.items()}
+        by_remainder = sorted(exact, key=lambda tenant: (quotas[tenant] - exact[tenant], str(tenant)))
+        for tenant in by_remainder[: capacity - sum(quotas.values())]:
+            quotas[tenant] += 1
+        return quotas
 
     def patience(self, tenant: str | None) -> float:
         """The heaviest active tenant's weight over ``tenant``'s (1 for the heaviest and a tenant alone): how

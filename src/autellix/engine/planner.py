@@ -27,6 +27,7 @@ from autellix.core.mlq import ProgramView, QueuedCall
 from autellix.core.policies.base import Policy
 from autellix.core.preemption import PreemptionRule, SlotTurnover, preemption_victims
 from autellix.core.process_table import ProgramEntry
+from autellix.core.tenant_shares import TenantShares
 from autellix.protocol import (
     XARG_CALL,
     XARG_DECLARED,
@@ -123,7 +124,8 @@ class _EngineTable(ProcessTable):
     (``XARG_TREE``), and counts a tree's calls in flight over the members it has seen."""
 
     def __init__(self, policy: Policy, *, idle_ttl: float) -> None:
-        super().__init__(policy, idle_ttl=idle_ttl)
+        # Tenants share an engine's slots by quota (``CallPlanner``), not by a lead on their programs' priority.
+        super().__init__(policy, idle_ttl=idle_ttl, tenants=TenantShares(lead_gain=0.0))
         #: The gateway's subagent tree of each program that has one, and each tree's programs here.
         self.trees: dict[str, str] = {}
         self._members: dict[str, set[str]] = {}
@@ -175,6 +177,8 @@ class CallPlanner:
         self.sweeps = self.skipped_sweeps = 0
         self.preemption_rule = PreemptionRule(max_victims=config.max_preemptions)
         self.turnover = SlotTurnover()
+        #: Whether the last planning step put any call beyond its tenant's slot quota (``_band``).
+        self._banded = False
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -276,15 +280,53 @@ class CallPlanner:
             if changes != self._changes_at_sweep:
                 self._changes_at_sweep = changes
                 self._quiet_until = None
+        ordered: Iterable[QueuedCall] = queue
+        rebanded = self._band(capacity)
+        if self._banded:
+            ordered = sorted(queue, key=_by_rank)
+        if rebanded:
+            moved = [*moved, *rebanded]
         cost: Callable[[QueuedCall], int] | None = None
         if lost_tokens is not None:
             by_id = lost_tokens
             cost = lambda call: by_id(call.call_id)  # noqa: E731
-        victims = preemption_victims(self.queue, set(running), capacity, rule=self.preemption_rule,
+        victims = preemption_victims(ordered, set(running), capacity, rule=self.preemption_rule,
                                      lost_tokens=cost, turnover=self.turnover)
         for call in victims:
             self._preemptions[call.call_id] = self._preemptions.get(call.call_id, 0) + 1
         return moved, victims
+
+    def _band(self, capacity: int) -> list[QueuedCall]:
+        """Tenants' slot quotas (``TenantShares.slot_quotas``): each tenant's first calls in queue order,
+        as many as its quota, stay in band 0, and the rest go to band 1, behind every
+        tenant's calls within their quotas (``QueuedCall.band``), so the engine's batch holds each
+        tenant's quota when it has the calls to fill it and what is left goes by rank (work-conserving).
+        Returns the calls whose band changed. With one tenant (or none named) nothing is banded."""
+        quotas = self.table.tenants.slot_quotas(capacity)
+        if quotas is None and not self._banded:
+            return []
+        changed = []
+        banded = False
+        if quotas is None:
+            for call in self.queue:
+                if call.band:
+                    call.band = 0
+                    changed.append(call)
+        else:
+            left = dict(quotas)
+            table = self.table
+            for call in self.queue:
+                tenant = table[call.program_id].owner
+                band = 0
+                if left.get(tenant, 0) > 0:
+                    left[tenant] -= 1
+                else:
+                    band = banded = 1
+                if call.band != band:
+                    call.band = band
+                    changed.append(call)
+        self._banded = banded
+        return changed
 
     def started(self, call_ids: Iterable[str]) -> None:
         """The engine scheduled these calls for the step that starts now."""
@@ -297,3 +339,7 @@ class CallPlanner:
         quantum; everyone else waited."""
         self.queue.ran(now, steps)
         self.turnover.stepped(steps)
+
+
+def _by_rank(call: QueuedCall) -> int:
+    return call.rank
