@@ -43,9 +43,9 @@ from dataclasses import dataclass
 DEFAULT_WEIGHT = 1.0
 #: A tenant ahead of the least-served active tenant by this many seconds of the whole engine's time (its
 #: normalised service over the engine's slots) counts at half its weight in its slot quota, a quarter at
-#: twice that (``slot_quotas``). Equal quotas alone left a lone agent, whose bursts need more than half
-#: of the engine between stretches that need less, at 1.26x its latency beside a tenant like it against
-#: another tenant's swarm; 0.25-0.5 s brought it to 1.15x (experiments/tenant_shares.py).
+#: twice that (``slot_quotas``). Untilted quotas left a lone agent, whose bursts need more than half of
+#: the engine between stretches that need less, at 1.26x its latency beside a tenant like it against
+#: another tenant's swarm (a scratch version); tilted, 1.09x (experiments/tenant_shares.py).
 QUOTA_HALVING_S = 0.5
 #: What a second of lead weighs against a second of a program's own priority. A tenant's one program
 #: ranks by its own service, which is its tenant's too: at a gain of 1, such a program that could

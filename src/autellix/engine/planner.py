@@ -298,8 +298,8 @@ class CallPlanner:
 
     def _band(self, capacity: int) -> list[QueuedCall]:
         """Tenants' slot quotas (``TenantShares.slot_quotas``): each tenant's first calls in queue order,
-        as many as its quota, stay in band 0, and the rest go to band 1, behind every
-        tenant's calls within their quotas (``QueuedCall.band``), so the engine's batch holds each
+        as many as its quota, stay in band 0, and the rest go to band 1, behind every tenant's calls
+        within their quotas (``QueuedCall.band``), so the engine's batch holds each
         tenant's quota when it has the calls to fill it and what is left goes by rank (work-conserving).
         Returns the calls whose band changed. With one tenant (or none named) nothing is banded."""
         quotas = self.table.tenants.slot_quotas(capacity)
@@ -321,7 +321,7 @@ class CallPlanner:
                 if left.get(tenant, 0) > 0:
                     left[tenant] -= 1
                 else:
-                    band = banded = 1
+                    band, banded = 1, True
                 if call.band != band:
                     call.band = band
                     changed.append(call)
