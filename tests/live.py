@@ -15,6 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Protocol, TypeVar
 
+from aiohttp import web
+
 from autellix.child_processes import free_port, gateway_process
 from autellix.engine.launch import EngineProcess, start_engine, stop_engine, wait_ready
 from autellix.engine.tiny_model import default_model_dir
@@ -58,6 +60,14 @@ def engines(count: int, log_dir: Path, **options: object) -> Iterator[list[Engin
     finally:
         for e in started:
             stop_engine(e)
+
+
+async def serve_on_loopback(runner: web.BaseRunner) -> str:
+    """Set ``runner`` up and serve it on a free loopback port; its base URL."""
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
 
 def load_experiment(name: str) -> ModuleType:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.live import load_instant_engine
+from tests.live import load_instant_engine, serve_on_loopback
 
 MODEL = "tiny-llama"
 
@@ -123,11 +123,8 @@ class StandIns:
         app.router.add_post("/v1/chat/completions", call(instant.CHAT))
         app.router.add_post("/v1/completions", call(instant.COMPLETION))
         runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
         self.runners.append(runner)
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return await serve_on_loopback(runner)
 
     def stop(self) -> None:
         async def cleanup() -> None:

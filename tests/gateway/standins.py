@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -21,8 +21,28 @@ from autellix.gateway.compose import SERVER_LIMITS, create_app
 from autellix.gateway.config import GatewayConfig
 from autellix.gateway.errors import GatewayRunner
 from autellix.gateway.parts import GATEWAY_KEY, Gateway
+from tests.live import serve_on_loopback
 
 MODEL = "stand-in"
+
+
+def add_probes(app: web.Application, model: Callable[[], str] = lambda: MODEL) -> None:
+    """What a gateway reads of an engine besides its calls, as vLLM answers it: health, metrics (nothing
+    running or waiting) and the one model it serves now (``model``: a stand-in may be redeployed with another)."""
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=f'vllm:num_requests_running{{model_name="{model()}"}} 0.0\n'
+                                 f'vllm:num_requests_waiting{{model_name="{model()}"}} 0.0\n')
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model(), "object": "model"}]})
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
 
 
 class StandIn:
@@ -74,28 +94,12 @@ class StandIn:
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
 
     async def start(self) -> None:
-        async def health(_: web.Request) -> web.Response:
-            return web.Response()
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=f'vllm:num_requests_running{{model_name="{self.model}"}} 0.0\n'
-                                     f'vllm:num_requests_waiting{{model_name="{self.model}"}} 0.0\n')
-
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
-
         app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/v1/models", models)
+        add_probes(app, lambda: self.model)
         app.router.add_post("/v1/chat/completions", self._call)
         app.router.add_post("/v1/completions", self._call)
         self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = await serve_on_loopback(self._runner)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -120,11 +124,7 @@ async def gateway_app(urls: list[str], **config: Any) -> AsyncIterator[tuple[str
     admin listener on another (``Gateway.admin_url``; ``get_json`` sends admin paths there)."""
     app = create_app(GatewayConfig(engines=urls, **{"admin_port": 0, **config}))
     runner = GatewayRunner(app, access_log=None, handler_cancellation=True, **SERVER_LIMITS)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    base = f"http://127.0.0.1:{port}"
+    base = await serve_on_loopback(runner)
     if app[GATEWAY_KEY].admin_url:
         ADMIN_URLS[base] = app[GATEWAY_KEY].admin_url  # type: ignore[assignment]
     try:

@@ -17,6 +17,7 @@ from autellix.control.keys import KeyRing, KeySource
 from autellix.gateway.admin import create_admin_app
 from autellix.gateway.parts import Gateway
 from tests.gateway.standins import MODEL, gateway_app, stand_ins
+from tests.live import serve_on_loopback
 
 ADMIN_KEY = "admin-" + "k" * 20
 
@@ -24,11 +25,8 @@ ADMIN_KEY = "admin-" + "k" * 20
 @contextlib.asynccontextmanager
 async def admin_listener(gateway: Gateway, keys: KeyRing | None) -> AsyncIterator[str]:
     runner = web.AppRunner(create_admin_app(gateway, keys), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        yield await serve_on_loopback(runner)
     finally:
         await runner.cleanup()
 

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from autellix.child_processes import admin_url
-from tests.live import chat, gateway_over, http, load_instant_engine, stand_ins_on_a_thread
+from tests.live import chat, gateway_over, http, load_instant_engine, serve_on_loopback, stand_ins_on_a_thread
 
 LONG_PROMPT = "y" * 40_000  # far above long_prompt_tokens (2048) by the gateway's byte estimate
 
@@ -51,11 +51,7 @@ class StandInEngine:
         self.instant.add_probes(app)
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = await serve_on_loopback(self._runner)
 
     async def stop(self) -> None:
         self.gate.set()

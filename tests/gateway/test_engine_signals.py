@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from autellix.protocol import FEEDBACK_INFO_PATH, FEEDBACK_PROGRAMS_PATH, SESSION_HEADER, XARG_EXPECT_RETURN
-from tests.live import chat, gateway_over, http, load_instant_engine, stand_ins_on_a_thread
+from tests.live import chat, gateway_over, http, load_instant_engine, serve_on_loopback, stand_ins_on_a_thread
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
 
@@ -47,10 +47,7 @@ class SchedulerStandIn:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_delete(FEEDBACK_PROGRAMS_PATH + "{program}", self._end)
         self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.url = await serve_on_loopback(self._runner)
 
     async def stop(self) -> None:
         if self._runner is not None:

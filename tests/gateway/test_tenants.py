@@ -28,7 +28,8 @@ from autellix.gateway.compose import create_app
 from autellix.gateway.config import GatewayConfig
 from autellix.gateway.parts import Gateway
 from autellix.protocol import ENGINE_TOKEN_HEADER
-from tests.gateway.standins import MODEL, gateway_app
+from tests.gateway.standins import MODEL, add_probes, gateway_app
+from tests.live import serve_on_loopback
 
 KEY_A, KEY_B, ADMIN = "team-a-" + "a" * 20, "team-b-" + "b" * 20, "admin-" + "c" * 20
 ADMIN_PATHS = [("GET", "/admin/engines"), ("POST", "/admin/engines/drain"), ("POST", "/admin/engines/undrain"),
@@ -63,25 +64,11 @@ class SlowEngine:
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[SlowEngine]:
-        async def health(_: web.Request) -> web.Response:
-            return web.json_response({})
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text="")
-
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [{"id": MODEL}]})
-
         app = web.Application(middlewares=[self.record])
-        app.router.add_get("/health", health)
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/v1/models", models)
+        add_probes(app)
         app.router.add_post("/v1/chat/completions", self.call)
         runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.url = await serve_on_loopback(runner)
         try:
             yield self
         finally:

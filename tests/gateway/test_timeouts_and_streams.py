@@ -14,7 +14,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.gateway.standins import MODEL, gateway_app
+from tests.gateway.standins import MODEL, add_probes, gateway_app
+from tests.live import serve_on_loopback
 
 BIG = "x" * (1024 * 1024)  # a 1 MiB SSE line (logprobs can do this)
 
@@ -41,25 +42,11 @@ class StreamEngine:
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[StreamEngine]:
-        async def health(_: web.Request) -> web.Response:
-            return web.json_response({})
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text="")
-
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [{"id": MODEL}]})
-
         app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/v1/models", models)
+        add_probes(app)
         app.router.add_post("/v1/chat/completions", self.call)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)  # stalled handlers: do not wait
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.url = await serve_on_loopback(runner)
         try:
             yield self
         finally:

@@ -7,6 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.live import serve_on_loopback
+
 MODEL = "tiny-llama"
 
 
@@ -44,11 +46,8 @@ class FakeEngine:
             "usage": {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}})
 
     async def start(self) -> FakeEngine:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = await serve_on_loopback(self._runner)
+        self.port = int(self.url.rsplit(":", 1)[1])
         return self
 
     async def stop(self) -> None:

@@ -20,7 +20,7 @@ from aiohttp import web
 from autellix.child_processes import free_port
 from autellix.mesh.local import LocalMesh
 from autellix.mesh.resources import MeshSettings
-from tests.live import load_instant_engine
+from tests.live import load_instant_engine, serve_on_loopback
 
 REPLICAS = 3
 
@@ -81,11 +81,7 @@ class StandInEngine:
         app.router.add_get("/v1/models", fixed(self.instant.MODELS))
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = await serve_on_loopback(self._runner)
 
     def start(self) -> None:
         self.thread.start()
