@@ -15,6 +15,10 @@ Starts an instant upstream (``experiments/instant_engine.py``), the Autellix gat
   cores it used (CPU seconds per second): the target's own process, the instant
   upstream's for ``direct``.
 
+With ``--floor`` it also runs ``experiments/relay_floor.py``, the gateway's server, loop
+and call leg relaying calls and doing nothing else: what of the gateway's cost is the
+framework's and the sockets', and what is its own work per call.
+
 Run: ``.venv/bin/python experiments/gateway_overhead.py [--format json]``. A
 benchmark, not a test: figures depend on the machine; compare them side by side.
 """
@@ -304,7 +308,7 @@ def summarize(res: Results, args: argparse.Namespace) -> dict[str, Any]:
             entry["added_p99_ms"] = med(a - b for a, b in zip(res.p99[name], res.p99["direct"], strict=True))
         out["targets"][name] = entry
     targets = out["targets"]
-    for gateway in ("gateway", "gateway-before"):
+    for gateway in ("gateway", "gateway-before", "floor"):
         if gateway in targets and "router" in targets:
             out[f"{gateway}_over_router_saturation"] = targets[gateway]["saturation_rps"] / targets["router"][
                 "saturation_rps"]
@@ -338,6 +342,7 @@ def print_table(summary: dict[str, Any]) -> None:
     console.print(table)
     for key, label in (("gateway_over_router_saturation", "gateway / router saturation rate"),
                        ("gateway-before_over_router_saturation", "gateway before / router saturation rate"),
+                       ("floor_over_router_saturation", "relay floor / router saturation rate"),
                        ("gateway_over_before_saturation", "gateway / gateway before, saturation (per rep)"),
                        ("gateway_minus_before_p50_ms", "gateway - gateway before, p50 ms (per rep)")):
         if key in summary:
@@ -363,6 +368,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_options(parser)
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router")
+    parser.add_argument("--floor", action="store_true",
+                        help="also run the relay floor (experiments/relay_floor.py): the gateway's server and call "
+                             "leg doing nothing else")
     parser.add_argument("--before", type=Path, default=None,
                         help="a checkout of another revision (e.g. `git worktree add /tmp/before REV`): its gateway "
                              "runs beside this one as `gateway-before`, so a change is measured in one run")
@@ -387,6 +395,11 @@ def main() -> None:
                         env={**os.environ, "PYTHONPATH": str(args.before.resolve() / "src")})
             targets.append(Target("gateway-before", f"http://{HOST}:{before_port}", "/ready",
                                   procs.pid("gateway-before")))
+        if args.floor:
+            floor_port = free_port()
+            procs.start("floor", [sys.executable, str(Path(__file__).with_name("relay_floor.py")),
+                                  "--port", str(floor_port), "--engine", engine])
+            targets.append(Target("floor", f"http://{HOST}:{floor_port}", "/ready", procs.pid("floor")))
         router = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
         if router and not args.no_router:
             procs.start("router", [router, "--worker-urls", engine, "--port", str(router_port),
