@@ -183,7 +183,7 @@ class TenantShares:
     # ---- what the queues read ------------------------------------------------------
     def lead(self, tenant: str | None) -> float:
         """How far ``tenant`` is ahead of the least-served active tenant, in seconds of model time
-        per unit of weight, times ``LEAD_GAIN`` (0 for the least-served, for a tenant alone, and for
+        per unit of weight, times ``lead_gain`` (0 for the least-served, for a tenant alone, and for
         one with no call in flight)."""
         if len(self._active) < 2 or tenant not in self._active or not self.lead_gain:
             return 0.0

@@ -280,10 +280,9 @@ class CallPlanner:
             if changes != self._changes_at_sweep:
                 self._changes_at_sweep = changes
                 self._quiet_until = None
-        ordered: Iterable[QueuedCall] = queue
-        rebanded = self._band(capacity)
-        if self._banded:
-            ordered = sorted(queue, key=_by_rank)
+        rebanded, beyond = self._band(capacity)
+        # the queue's order with the calls beyond their quotas last: the order of their ranks
+        ordered: Iterable[QueuedCall] = [c for c in queue if not c.band] + beyond if beyond else queue
         if rebanded:
             moved = [*moved, *rebanded]
         cost: Callable[[QueuedCall], int] | None = None
@@ -296,17 +295,18 @@ class CallPlanner:
             self._preemptions[call.call_id] = self._preemptions.get(call.call_id, 0) + 1
         return moved, victims
 
-    def _band(self, capacity: int) -> list[QueuedCall]:
+    def _band(self, capacity: int) -> tuple[list[QueuedCall], list[QueuedCall]]:
         """Tenants' slot quotas (``TenantShares.slot_quotas``): each tenant's first calls in queue order,
         as many as its quota, stay in band 0, and the rest go to band 1, behind every tenant's calls
         within their quotas (``QueuedCall.band``), so the engine's batch holds each
         tenant's quota when it has the calls to fill it and what is left goes by rank (work-conserving).
-        Returns the calls whose band changed. With one tenant (or none named) nothing is banded."""
+        Returns the calls whose band changed, and those in band 1 in queue order. With one tenant (or
+        none named) nothing is banded."""
         quotas = self.table.tenants.slot_quotas(capacity)
         if quotas is None and not self._banded:
-            return []
-        changed = []
-        banded = False
+            return [], []
+        changed: list[QueuedCall] = []
+        beyond: list[QueuedCall] = []
         if quotas is None:
             for call in self.queue:
                 if call.band:
@@ -321,12 +321,13 @@ class CallPlanner:
                 if left.get(tenant, 0) > 0:
                     left[tenant] -= 1
                 else:
-                    band, banded = 1, True
+                    band = 1
+                    beyond.append(call)
                 if call.band != band:
                     call.band = band
                     changed.append(call)
-        self._banded = banded
-        return changed
+        self._banded = bool(beyond)
+        return changed, beyond
 
     def started(self, call_ids: Iterable[str]) -> None:
         """The engine scheduled these calls for the step that starts now."""
@@ -340,6 +341,3 @@ class CallPlanner:
         self.queue.ran(now, steps)
         self.turnover.stepped(steps)
 
-
-def _by_rank(call: QueuedCall) -> int:
-    return call.rank
