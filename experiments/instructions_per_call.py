@@ -39,6 +39,16 @@ def callgrind_totals(path: Path) -> int:
     raise RuntimeError(f"no totals in {path}")
 
 
+async def written(folder: Path, pattern: str, timeout: float = 30.0) -> Path:
+    """The newest file in ``folder`` matching ``pattern``, once one is there (callgrind dumps on its own time)."""
+    deadline = time.monotonic() + timeout
+    while not (found := sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {pattern} in {folder} after {timeout:.0f} s")
+        await asyncio.sleep(0.5)
+    return found[-1]
+
+
 async def count(name: str, argv: list[str], engine: str, args: argparse.Namespace, env: dict[str, str],
                 outdir: Path) -> dict[str, float]:
     port = overhead.free_port()
@@ -58,13 +68,9 @@ async def count(name: str, argv: list[str], engine: str, args: argparse.Namespac
         rate = await overhead.closed_loop_wrk(url, 4, args.seconds)
         subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
         subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
-        dumps = sorted(outdir.glob(f"{name}.callgrind.*"), key=lambda p: p.stat().st_mtime)
-        deadline = time.monotonic() + 30
-        while not dumps and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-            dumps = sorted(outdir.glob(f"{name}.callgrind.*"), key=lambda p: p.stat().st_mtime)
-        calls = rate * max(1, round(args.seconds))
-        instructions = callgrind_totals(dumps[-1])
+        dump = await written(outdir, f"{name}.callgrind.*")
+        calls = rate * max(1, round(args.seconds))  # wrk runs whole seconds
+        instructions = callgrind_totals(dump)
         return {"calls": calls, "instructions": instructions, "per_call": instructions / calls}
     finally:
         procs.stop()
