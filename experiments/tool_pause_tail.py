@@ -1,4 +1,4 @@
-"""Where the CPU engine's ``tool-pause`` tail comes from, in the simulator, and what changes it: measured, not adopted.
+"""Where the CPU engine's ``tool-pause`` tail comes from, in the simulator, and what changes it.
 
     nice -n 5 .venv/bin/python experiments/tool_pause_tail.py [--seeds 1-8] [--variants ...] [--trace SEED]
     nice -n 5 .venv/bin/python experiments/tool_pause_tail.py --check ORDER [--against REPORT]
@@ -14,7 +14,8 @@ the seeds and their range. Variants:
 * ``tail``: a promoted call joins Q1's tail (by when it was promoted) instead of the place its arrival gives it;
 * ``ratio``: at each sweep the promoted calls waiting in Q1 are ordered by their program's wait over its
   service, the most starved first (highest response ratio next), in the places they hold;
-* ``las``: the same, by their program's charged service, the least first.
+* ``las``: the same, by their program's charged service, the least first: since 2026-12-07 the queue's own
+  order (``MultiLevelQueue._order_promoted``), so the same as ``default``.
 
 The last three patch ``core.mlq.MultiLevelQueue`` here (nothing else changes); the engine's planner may skip a
 sweep that would move no call, so a reorder waits for the next sweep that runs. ``--trace SEED`` prints the

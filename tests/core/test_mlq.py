@@ -92,28 +92,61 @@ def test_remove_settles_times_and_checks_membership():
     q.check_invariants()
 
 
+def one_slot_queue(programs: dict[str, ProgramView], newcomers: int) -> MultiLevelQueue:
+    """Queues with beta 1 over ``programs`` and ``newcomers`` programs not served yet (``new0``, ``new1``, ...)."""
+    programs |= {f"new{i}": ProgramView(0, 0, 0) for i in range(newcomers)}
+    return MultiLevelQueue(QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=1.0), lookup_from(programs))
+
+
+def sweep_until(q: MultiLevelQueue, done, seconds: int) -> tuple[list, float]:
+    """A sweep and a one-call batch each second until ``done()``: the calls moved, and the last sweep's time."""
+    moved: list = []
+    for t in range(seconds):
+        moved += q.rebalance(float(t))
+        q.form_batch(take(1))
+        if done():
+            break
+    return moved, float(t)
+
+
 def test_a_promoted_call_takes_its_place_in_q1_by_arrival():
     """At Q1's tail a promoted call would queue again behind every newcomer that
     arrived while it starved; it goes ahead of those, behind the earlier ones."""
-    programs = {"old": ProgramView(priority=50, wait=30, service=50)}
-    programs |= {f"new{i}": ProgramView(0, 0, 0) for i in range(3)}
-    spec = QueueSpec(boundaries=SPEC.boundaries, quanta=SPEC.quanta, beta=1.0)
-    q = MultiLevelQueue(spec, lookup_from(programs))
+    q = one_slot_queue({"old": ProgramView(priority=50, wait=30, service=50)}, newcomers=3)
     q.add("n0", "new0", now=0.0)
     starving = q.add("s", "old", now=0.0)
     q.add("n1", "new1", now=1.0)
     q.add("n2", "new2", now=2.0)
-    for t in range(25):  # "n0" holds the only slot; the others wait
-        q.rebalance(float(t))
-        q.form_batch(take(1))
-        if starving.level == 0:
-            break
+    sweep_until(q, lambda: starving.level == 0, 25)  # "n0" holds the only slot; the others wait
     assert starving.level == 0 and starving.promotions == 1
     assert [c.call_id for c in q] == ["n0", "s", "n1", "n2"]
     assert [c.rank for c in q] == sorted(c.rank for c in q)
     q.check_invariants()
     q.remove("n0", now=21.0)  # the slot frees: the promoted call is next
     assert [c.call_id for c in q.form_batch(take(1))] == ["s"]
+
+
+def test_promoted_calls_take_the_places_of_their_arrivals_least_served_program_first():
+    """A large program lifted for starving does not hold back a small one lifted with it: the promoted calls'
+    arrival places go to them by their programs' charged service, the least first; a newcomer between them
+    keeps its place, and the order holds until the programs' views change."""
+    programs = {"big": ProgramView(priority=60, wait=0, service=60),
+                "small": ProgramView(priority=12, wait=0, service=12)}
+    q = one_slot_queue(programs, newcomers=2)
+    q.add("n0", "new0", now=0.0)
+    big = q.add("b", "big", now=0.0)
+    q.add("n1", "new1", now=1.0)
+    small = q.add("s", "small", now=2.0)
+    moved, t = sweep_until(q, lambda: big.level == small.level == 0, 80)  # until both starving calls are lifted
+    assert big.promotions == small.promotions == 1 and big in moved and small in moved
+    assert [c.call_id for c in q] == ["n0", "s", "n1", "b"]
+    assert [c.rank for c in q] == sorted(c.rank for c in q)
+    q.check_invariants()
+    assert q.rebalance(float(t) + 0.5) == []  # nothing changed but time: no reorder
+    programs["small"] = ProgramView(priority=90, wait=0, service=90)  # the small one turns out the larger
+    assert q.rebalance(float(t) + 1.0) == [big, small]
+    assert [c.call_id for c in q] == ["n0", "b", "n1", "s"]
+    q.check_invariants()
 
 
 def test_backlog_ratio_sums_served_programs_and_counts_unfinished_calls_twice():

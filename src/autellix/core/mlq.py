@@ -10,7 +10,8 @@ follows the queues' programs taken together (``QueueSpec.starvation_bound`` over
 ``backlog_ratio``: docs/scheduling.md, "A starvation bound that follows the
 backlog"). A promoted call
 takes its place in Q1 by its arrival, ahead of the calls that arrived after it
-(not at Q1's tail: docs/scheduling.md, "Promotion by arrival"). A batch is the
+(not at Q1's tail), and the promoted calls waiting there share out their places
+least charged service first (docs/scheduling.md, "Promotion by arrival"). A batch is the
 longest prefix of Q1..QK, in that order, that the engine can fit.
 
 The queue knows nothing of engines or clocks: the caller passes ``now`` and an
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Any, NamedTuple
 
 from autellix.core.config import SchedulerConfig
@@ -295,6 +296,10 @@ class _Queue:
             insort(self._places, place)
         self._calls[place] = call
 
+    def hold(self, call: QueuedCall) -> None:
+        """The call takes the place it now records, one the queue holds already (calls trading places)."""
+        self._calls[call.entered] = call
+
     def discard(self, call: QueuedCall) -> None:
         del self._calls[call.entered]
         places = self._places
@@ -306,7 +311,7 @@ class _Queue:
 
 class MultiLevelQueue:
     """The K queues, FCFS inside each, with demotion and program-level promotion
-    (a promoted call placed in Q1 by its arrival)."""
+    (a promoted call placed in Q1 by its arrival, the least served program's first)."""
 
     def __init__(self, spec: QueueSpec, lookup: ProgramLookup, *, places_by_priority: bool = True) -> None:
         self.spec = spec
@@ -545,7 +550,35 @@ class MultiLevelQueue:
                     # promoted call would wait again behind every newcomer.
                     move(call, top, by_arrival=True)
                     moved.append(call)
+        if check_starvation:
+            self._order_promoted({program_id: term[1] for program_id, term in terms.items()}, moved)
         return moved
+
+    def _order_promoted(self, charged: Mapping[str, float], moved: list[QueuedCall]) -> None:
+        """The promoted calls waiting in each queue hold the places their arrivals gave them; those places
+        go to them least charged service first (``charged``: each queued program's ``ProgramView.charged``;
+        and what the call itself ran):
+        among programs lifted for starving, a late small one runs before the large ones lifted with it
+        (docs/scheduling.md, "Promotion by arrival"). A call's arrival place moves with it (``seq``), so a
+        later move by arrival lands on a free place. Orders only change with programs' views or the queue's
+        calls, so a sweep ``quiet_until`` lets an engine skip would reorder nothing."""
+        for queue in self._queues:
+            calls = [call for call in queue if call.promoted and not call.running]  # in place order
+            if len(calls) < 2:
+                continue
+            keys = [charged[call.program_id] + call.model_time for call in calls]
+            if all(a <= b for a, b in pairwise(keys)):  # as it stands, mostly: sorted at an earlier sweep
+                continue
+            ranked = [calls[i] for i in sorted(range(len(calls)), key=keys.__getitem__)]
+            places = [(call.entered, call.seq) for call in calls]
+            listed = {id(call) for call in moved}
+            for call, (entered, seq) in zip(ranked, places, strict=True):
+                if call.entered != entered:
+                    call.entered, call.seq = entered, seq
+                    queue.hold(call)
+                    if id(call) not in listed:
+                        moved.append(call)
+            self.changes += 1
 
     def _placed_level(self, call: QueuedCall, levels: dict[str, int], tops: dict[str, int],
                       views: ProgramViews) -> int:
