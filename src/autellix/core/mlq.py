@@ -556,12 +556,12 @@ class MultiLevelQueue:
 
     def _order_promoted(self, charged: Mapping[str, float], moved: list[QueuedCall]) -> None:
         """The promoted calls waiting in each queue hold the places their arrivals gave them; those places
-        go to them least charged service first (``charged``: each queued program's ``ProgramView.charged``;
-        and what the call itself ran):
-        among programs lifted for starving, a late small one runs before the large ones lifted with it
-        (docs/scheduling.md, "Promotion by arrival"). A call's arrival place moves with it (``seq``), so a
-        later move by arrival lands on a free place. Orders only change with programs' views or the queue's
-        calls, so a sweep ``quiet_until`` lets an engine skip would reorder nothing."""
+        go to them least charged service first (``charged``: each queued program's ``ProgramView.charged``,
+        plus what the call itself ran). Among programs lifted for starving, a late small one runs before the
+        large ones lifted with it (docs/scheduling.md, "Promotion by arrival"). A call's arrival place moves
+        with it (``seq``), so a later move by arrival lands on a free place. Orders only change with
+        programs' views or the queue's calls, so a sweep ``quiet_until`` lets an engine skip would reorder
+        nothing."""
         for queue in self._queues:
             calls = [call for call in queue if call.promoted and not call.running]  # in place order
             if len(calls) < 2:
