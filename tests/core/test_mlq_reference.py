@@ -3,9 +3,9 @@
 ``ReferenceQueue`` is the queue as it was before the scheduler step's optimisations of 2026-12-06
 (docs/results/2026-12-06-scheduler-step.md), kept verbatim: every sweep visits every call through
 ``_program_totals``, charging is a pass of its own after ``advance``, marking the running calls
-rebuilds the running set (the order of promoted calls, ``_order_promoted``, is the queue's own, run
-after the reference's sweep as after the queue's). Random sequences of arrivals, departures, steps, view changes and
-rebalances are run through both; every call's level, place, clocks and counters, every list of
+rebuilds the running set. The order of promoted calls (``_order_promoted``) is the queue's own,
+run after the reference's sweep as after the queue's. Random sequences of arrivals, departures,
+steps, view changes and rebalances are run through both; every call's level, place, clocks and counters, every list of
 moved calls and every starvation bound must come out identical, to the last bit. And a sweep
 before ``quiet_until`` moves no call (the promise the engine's planner skips sweeps on).
 """
