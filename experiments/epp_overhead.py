@@ -12,7 +12,16 @@ GIE's full-duplex bodies, the ``ORIGINAL_DST`` cluster) and one that does not
 * CPU per call of each serving process (the gateway; Envoy; the picker): its CPU
   time (user + system) over the measurement, divided by the calls sent.
 
-Run on a quiet machine: ``.venv/bin/python experiments/epp_overhead.py --reps 5 [--format json]``;
+``--native BINARY...`` adds ``envoy+NAME`` for each (NAME: the binary's file name): an Envoy
+of its own whose picker is a native ext_proc floor (``experiments/native_ext_proc/``, built by
+its ``build.sh``: ``floor`` on gRPC C++'s callback API, ``floor_cq`` on its completion queue with
+one thread): the stream in C++ with no decision, what a native ext_proc front costs a call before
+any. ``--request-body`` and ``--response-body`` set how Envoy sends bodies to every picker (GIE's
+``FULL_DUPLEX_STREAMED`` by default; ``BUFFERED`` requests with ``NONE`` responses are the fewest
+messages the picker works with).
+
+Run on a quiet machine:
+``.venv/bin/python experiments/epp_overhead.py --reps 5 [--native BINARY...] [--format json]``;
 smoke: ``--rate 20 --duration 1 --reps 1``. A benchmark, not a test: figures depend on the machine.
 """
 
@@ -31,6 +40,7 @@ from typing import Any
 import aiohttp
 import gateway_overhead as overhead  # this folder's gateway benchmark: processes, load loop, percentiles
 import psutil
+from native_ext_proc.floor_process import NativeFloor  # this folder's native ext_proc floor
 
 from autellix.child_processes import free_ports
 from autellix_lab.epp_local import LocalGie, PickerProcess
@@ -91,10 +101,11 @@ def summarize(runs: dict[str, dict[str, list[Any]]], args: argparse.Namespace) -
         if name != "direct":
             row["added_p50_ms"], row["added_p99_ms"] = paired(name, "direct", "p50"), paired(name, "direct", "p99")
         out["targets"][name] = row
-    out["picker_added_p50_ms"] = paired("envoy+epp", "envoy", "p50")
-    out["picker_added_p99_ms"] = paired("envoy+epp", "envoy", "p99")
     gateway_cpu = out["targets"]["gateway"]["cpu_ms_per_call"]["gateway"]
-    out["picker_cpu_over_gateway"] = out["targets"]["envoy+epp"]["cpu_ms_per_call"]["picker"] / gateway_cpu
+    out["pickers"] = {target: {"added_p50_ms": paired(target, "envoy", "p50"),
+                               "added_p99_ms": paired(target, "envoy", "p99"),
+                               "cpu_over_gateway": out["targets"][target]["cpu_ms_per_call"]["picker"] / gateway_cpu}
+                      for target in runs if target.startswith("envoy+")}
     return out
 
 
@@ -112,9 +123,10 @@ def print_table(summary: dict[str, Any]) -> None:
         table.add_row(name, f"{e['p50_ms']:.2f}", f"{e['p99_ms']:.2f}", *added, cpu, str(e["errors"]))
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
-    console.print(f"the picker's own share (envoy+epp - envoy, paired): p50 {summary['picker_added_p50_ms']:+.2f} ms, "
-                  f"p99 {summary['picker_added_p99_ms']:+.2f} ms; its CPU per call "
-                  f"{summary['picker_cpu_over_gateway']:.2f}x the gateway's")
+    for target, row in summary["pickers"].items():
+        console.print(f"{target} - envoy, paired: p50 {row['added_p50_ms']:+.2f} ms, "
+                      f"p99 {row['added_p99_ms']:+.2f} ms; its picker's CPU per call "
+                      f"{row['cpu_over_gateway']:.2f}x the gateway's")
 
 
 def main() -> None:
@@ -125,6 +137,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="closed-loop warm-up seconds per target")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--quiet", action="store_true", help="no per-repetition progress on stderr")
+    parser.add_argument("--native", type=Path, nargs="+", default=[],
+                        help="native ext_proc floors' binaries (build.sh)")
+    parser.add_argument("--request-body", default="FULL_DUPLEX_STREAMED", help="Envoy's request body mode")
+    parser.add_argument("--response-body", default="FULL_DUPLEX_STREAMED", help="Envoy's response body mode")
     args = parser.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below still runs
@@ -132,13 +148,14 @@ def main() -> None:
     stack = contextlib.ExitStack()
     try:
         engine_port, gateway_port, epp_port, envoy_port = free_ports(4)
+        modes = {"request_body": args.request_body, "response_body": args.response_body}
         engine = f"http://{HOST}:{engine_port}"
         procs.start("engine", [sys.executable, str(Path(__file__).with_name("instant_engine.py")),
                                "--port", str(engine_port)])
         procs.start("gateway", [sys.executable, "-m", "autellix", "gateway", "--port", str(gateway_port),
                                 "--engine", engine])
         picker = PickerProcess([engine], log_path=procs.logdir / "epp.log")
-        listeners = [GatewayListener(epp_port), GatewayListener(envoy_port, picker=False)]
+        listeners = [GatewayListener(epp_port, **modes), GatewayListener(envoy_port, picker=False)]
         gie = stack.enter_context(LocalGie(picker, listeners, workdir=procs.logdir / "envoy").running())
         assert picker.process is not None
         gateway_pid = next(p.pid for name, p in procs.procs if name == "gateway")
@@ -149,7 +166,14 @@ def main() -> None:
                    overhead.Target("envoy+epp", f"http://{HOST}:{epp_port}", "/v1/models")]
         pids = {"direct": {}, "gateway": {"gateway": [gateway_pid]}, "envoy": {"envoy": [envoy_pid]},
                 "envoy+epp": {"envoy": [envoy_pid], "picker": [picker_pid]}}
-        summary = summarize(asyncio.run(measure(targets, pids, args, procs)), args)
+        for binary in args.native:
+            native, [native_port] = NativeFloor(binary, [engine]), free_ports(1)
+            native_gie = stack.enter_context(LocalGie(native, [GatewayListener(native_port, **modes)],
+                                                      workdir=procs.logdir / f"envoy-{binary.name}").running())
+            assert native.process is not None
+            targets.append(overhead.Target(f"envoy+{binary.name}", f"http://{HOST}:{native_port}", "/v1/models"))
+            pids[f"envoy+{binary.name}"] = {"envoy": [native_gie.envoy.process.pid], "picker": [native.process.pid]}
+        summary = summarize(asyncio.run(measure(targets, pids, args, procs)), args) | modes
     finally:
         stack.close()
         procs.stop()
