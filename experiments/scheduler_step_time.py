@@ -4,7 +4,10 @@ Both run in this process on vLLM's real ``Scheduler`` class with fabricated mode
 output (``autellix_lab.harness``), so only scheduling is timed: 256 running
 and 1,000 waiting requests, one ``schedule()`` plus ``update_from_output()`` per
 step. The two are measured in alternating rounds in one run and reported as a
-ratio per round, because this machine is shared and absolute times drift.
+ratio per round, because this machine is shared and absolute times drift. The KV
+cache holds every request to the run's end (``kv_blocks_for``): when it runs out,
+the stock scheduler preempts and shrinks its batch while the plugin keeps its
+batch full, and their steps stop doing the same work.
 
     .venv/bin/python experiments/scheduler_step_time.py [--rounds 7] [--steps 200] [--multi-step 1] \
         [--running 256 --waiting 1000] [--no-skip-quiet-sweeps] [--parts] [--sweep-interval S]
@@ -22,6 +25,7 @@ Target: the plugin's step at most 1.1x the stock step.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 import time
@@ -32,20 +36,33 @@ from typing import Annotated, Any
 import typer
 
 RUNNING, WAITING = 256, 1000
+PROMPT_TOKENS, BLOCK_SIZE = 64, 16
+#: Steps before the timed rounds (the waiting requests' prefill until the batch is full), with room to spare.
+WARMUP_STEPS = 16
 
 
-def build(plugin: bool, programs: int, running: int = RUNNING, waiting: int = WAITING) -> object:
+def kv_blocks_for(running: int, waiting: int, steps: int, block_size: int = BLOCK_SIZE) -> int:
+    """Blocks enough for every running request to decode ``steps`` more tokens and every waiting one to
+    start: with fewer, the stock scheduler preempts and shrinks its batch when the KV cache runs out while
+    the plugin keeps its batch full, and the two steps no longer do the same work."""
+    per_running = math.ceil((PROMPT_TOKENS + steps) / block_size) + 1
+    return math.ceil(1.1 * (running * per_running + waiting * (math.ceil(PROMPT_TOKENS / block_size) + 1)))
+
+
+def build(plugin: bool, programs: int, running: int = RUNNING, waiting: int = WAITING,
+          num_blocks: int = 20_000) -> object:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from autellix.engine.scheduler import AutellixScheduler
     from autellix_lab.harness import build_scheduler, make_request, step
 
-    scheduler = build_scheduler(AutellixScheduler if plugin else Scheduler, max_num_seqs=running)
+    scheduler = build_scheduler(AutellixScheduler if plugin else Scheduler, max_num_seqs=running,
+                                num_blocks=num_blocks, block_size=BLOCK_SIZE)
     for i in range(running + waiting):
         # the gateway's numbers: programs with a spread of attained service
         extra = {"autellix_program": f"p{i % programs}", "autellix_service": (i % programs) * 0.1,
                  "autellix_wait": 0.0, "autellix_call": f"c{i}"}
-        scheduler.add_request(make_request(f"r{i}", 64, 100_000, priority=i % 5, extra_args=extra))
+        scheduler.add_request(make_request(f"r{i}", PROMPT_TOKENS, 100_000, priority=i % 5, extra_args=extra))
     while len(scheduler.running) < running:
         step(scheduler)
     return scheduler
@@ -145,7 +162,9 @@ def main(
 ) -> None:
     os.environ["AUTELLIX_MULTI_STEP"] = str(multi_step)
     os.environ.pop("AUTELLIX_FEEDBACK_ADDR", None)
-    stock, plugin = build(False, programs, running, waiting), build(True, programs, running, waiting)
+    blocks = kv_blocks_for(running, waiting, rounds * steps + WARMUP_STEPS)
+    stock, plugin = (build(False, programs, running, waiting, blocks),
+                     build(True, programs, running, waiting, blocks))
     assert len(plugin.running) == running and len(plugin.waiting) == waiting  # type: ignore[attr-defined]
     planner = plugin.planner  # type: ignore[attr-defined]
     if hasattr(planner, "skip_quiet_sweeps"):
@@ -171,6 +190,11 @@ def main(
           f"(range {min(plugin_ms):.3f}-{max(plugin_ms):.3f})")
     print(f"ratio plugin/stock   : median {statistics.median(ratios):.2f}x "
           f"(per round {', '.join(f'{r:.2f}' for r in ratios)})")
+    for name, scheduler in (("stock", stock), ("plugin", plugin)):
+        batch = len(scheduler.running)  # type: ignore[attr-defined]
+        if batch < running:
+            print(f"warning: the {name} scheduler's batch fell to {batch} of {running} (its KV cache ran out): "
+                  "the rounds are not comparable")
     if hasattr(planner, "skipped_sweeps"):
         print(f"plugin's sweeps      : {planner.sweeps} run, {planner.skipped_sweeps} skipped "
               f"(skip {'on' if planner.skip_quiet_sweeps else 'off'})")

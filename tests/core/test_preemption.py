@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autellix.core import MultiLevelQueue, ProgramView, QueueSpec
-from autellix.core.preemption import PreemptionRule, SlotTurnover, lost_kv_tokens, preemption_victims
+from autellix.core.preemption import PreemptionRule, SlotTurnover, lost_kv_tokens, outranks, preemption_victims
 
 SPEC = QueueSpec(boundaries=(1.0, 4.0), quanta=(2.0, 4.0, math.inf), beta=math.inf)
 
@@ -158,3 +158,56 @@ def test_the_rule_only_ever_narrows_the_eager_plan(services: list[float], runnin
     newcomers = [c for c in batch if c.call_id not in running]
     if chosen:  # every victim sits in a worse queue than the best newcomer
         assert all(v.level > min(c.level for c in newcomers) for v in chosen)
+
+
+def test_a_newcomer_takes_a_worse_queues_call_past_one_of_its_own_queue() -> None:
+    q = queue_with({"a": 0.5, "n": 1.5, "x": 2.0, "r1": 2.5, "r2": 5.0})  # queues 0, 1, 1, 1, 2
+    victims = preemption_victims(q, {"c-r1", "c-r2"}, 3, rule=RULE)
+    assert [v.call_id for v in victims] == ["c-r2"]  # for n; x outranks neither
+
+
+def victims_by_full_scan(ordered: list, running: set, capacity: int, rule: PreemptionRule,
+                         lost: dict[str, int]) -> list:
+    """The rule's plan found by trying every candidate for every newcomer: the oracle the plan must match."""
+    batch = ordered[:capacity]
+    newcomers = [c for c in batch if c.call_id not in running]
+    needed = len(newcomers) - max(capacity - len(running), 0)
+    if needed <= 0:
+        return []
+    candidates = sorted([c for c in ordered[capacity:] if c.call_id in running][::-1],
+                        key=lambda c: (-c.band, -c.level, lost[c.call_id]))
+    victims, spent = [], 0
+    for newcomer in newcomers[len(newcomers) - needed:]:
+        if len(victims) >= rule.max_victims:
+            break
+        for call in candidates:
+            if call not in victims and outranks(newcomer, call, rule.min_level_gap) \
+                    and spent + lost[call.call_id] <= rule.max_lost_tokens:
+                victims.append(call)
+                spent += lost[call.call_id]
+                break
+    return victims
+
+
+@given(
+    services=st.lists(st.floats(0, 10), min_size=1, max_size=40),
+    running_mask=st.lists(st.booleans(), min_size=40, max_size=40),
+    beyond_mask=st.lists(st.booleans(), min_size=40, max_size=40),
+    capacity=st.integers(1, 16),
+    max_victims=st.integers(0, 8),
+    max_lost=st.integers(0, 3000),
+    min_level_gap=st.integers(1, 2),
+)
+def test_the_plan_is_what_trying_every_candidate_finds(services: list[float], running_mask: list[bool],
+                                                       beyond_mask: list[bool], capacity: int, max_victims: int,
+                                                       max_lost: int, min_level_gap: int) -> None:
+    q = queue_with({f"p{i}": s for i, s in enumerate(services)})
+    for call, beyond in zip(q, beyond_mask, strict=False):
+        call.band = int(beyond)
+    ordered = [c for c in q if not c.band] + [c for c in q if c.band]  # as the engine's planner orders them
+    running = {c.call_id for c, r in zip(ordered, running_mask, strict=False) if r}
+    running = set(sorted(running)[:capacity])
+    lost = {c.call_id: 100 * (i % 7) for i, c in enumerate(ordered)}
+    rule = PreemptionRule(max_victims=max_victims, max_lost_tokens=max_lost, min_level_gap=min_level_gap)
+    chosen = preemption_victims(ordered, running, capacity, rule=rule, lost_tokens=lambda c: lost[c.call_id])
+    assert chosen == victims_by_full_scan(ordered, running, capacity, rule, lost)

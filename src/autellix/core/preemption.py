@@ -125,7 +125,8 @@ def preemption_victims(ordered: Iterable[QueuedCall], running: Collection[Hashab
                        turnover: SlotTurnover | None = None) -> list[QueuedCall]:
     """Running calls to preempt.
 
-    ``ordered``: every live call in queue order (``MultiLevelQueue`` iterates so);
+    ``ordered``: every live call in queue order (``MultiLevelQueue`` iterates so), the calls
+    beyond their tenants' quotas (``band`` 1) after all the others;
     ``running``: ids of the calls the engine runs now; ``capacity``: how many
     calls a batch holds (vLLM's ``max_num_seqs``). The batch is the first
     ``capacity`` calls; each waiting call in it needs a slot, taken first from
@@ -153,17 +154,19 @@ def preemption_victims(ordered: Iterable[QueuedCall], running: Collection[Hashab
     cost = lost_tokens or (lambda _call: 0)
     # beyond a tenant's quota first, then the worst queue, and within a queue the call that loses least,
     # then the worst-ranked
+    # (so the candidates a newcomer outranks come first, and a worse-ranked newcomer outranks no more of them)
     candidates = sorted(((c, cost(c)) for c in outside), key=lambda cl: (-cl[0].band, -cl[0].level, cl[1]))
     victims: list[QueuedCall] = []
     spent = 0
     for position, newcomer in enumerate(needy, 1):
-        if len(victims) >= rule.max_victims:
+        if len(victims) >= rule.max_victims or not candidates \
+                or not outranks(newcomer, candidates[0][0], rule.min_level_gap):
             break
         if turnover is not None and turnover.expected_wait_steps(position) < rule.min_wait_steps:
             continue  # a running call will leave soon enough: waiting costs less than a switch
         for i, (call, lost) in enumerate(candidates):
             if not outranks(newcomer, call, rule.min_level_gap):
-                continue
+                break
             if spent + lost > rule.max_lost_tokens:
                 continue
             victims.append(call)
