@@ -157,7 +157,8 @@ def main(
         help="Skip the sweeps that would move no call (off: every due sweep runs)")] = True,
     parts: Annotated[bool, typer.Option("--parts", help="Also time the parts of the plugin's step")] = False,
     sweep_interval: Annotated[float | None, typer.Option(
-        min=0.0, help="Seconds between the plugin's sweeps (default: the planner's; any other changes decisions)",
+        min=0.0, help="Seconds between the plugin's sweeps, whatever the queue's length (default: the planner's, "
+        "which grows with the queue; any other changes decisions)",
     )] = None,
 ) -> None:
     os.environ["AUTELLIX_MULTI_STEP"] = str(multi_step)
@@ -170,7 +171,7 @@ def main(
     if hasattr(planner, "skip_quiet_sweeps"):
         planner.skip_quiet_sweeps = skip_quiet_sweeps
     if sweep_interval is not None:
-        planner.sweep_interval = sweep_interval
+        planner.sweep_interval, planner.sweep_interval_per_call = sweep_interval, 0.0
     timing = Parts() if parts else None
     if timing is not None:
         timing.install(stock, plugin)

@@ -37,6 +37,6 @@ for source in $(find "$out/gen" -name '*.cc'); do
     objects+=("${source%.cc}.o")
 done
 for name in floor floor_cq; do  # the two servers, on gRPC C++'s callback API and on its completion queue
-    g++ -O2 -std=c++17 -I"$out/gen" "$here/$name.cc" "${objects[@]}" -o "$out/$name" $flags
+    g++ -O2 -std=c++17 -I"$here" -I"$out/gen" "$here/$name.cc" "${objects[@]}" -o "$out/$name" $flags
     echo "$out/$name"
 done
