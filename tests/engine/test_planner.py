@@ -1,4 +1,4 @@
-"""The engine's call planner: a subagent tree's calls in flight, counted by the tree's name."""
+"""The engine's call planner: a subagent tree's calls in flight, tenants' bands, declared sizes, the sweep's cadence."""
 
 import pytest
 
@@ -75,3 +75,14 @@ def test_the_tenant_and_its_weight_from_the_gateway_share_the_engines_slots_betw
         planner.leave(call, 1.0, finished=False)
     moved, _ = planner.replan(1.0, ["a0", "a1"], 2)  # team-a alone again: nothing banded
     assert {c.call_id: c.band for c in moved} == {"a2": 0}
+
+
+@pytest.mark.parametrize(("queued", "every"), [(100, 0.02), (4000, 0.08)])
+def test_sweeps_come_no_more_often_than_the_queue_can_afford(queued: int, every: float):
+    planner = CallPlanner(SchedulerConfig())
+    planner.skip_quiet_sweeps = False  # count every sweep that falls due
+    for i in range(queued):
+        planner.arrive(f"c{i}", CallIdentity(f"p{i}"), 0.0)
+    for step in range(1, 1001):  # a step every millisecond for a second
+        planner.replan(step / 1000, [], 256)
+    assert planner.sweeps == pytest.approx(1.0 / every, abs=1)

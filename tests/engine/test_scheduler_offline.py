@@ -128,7 +128,7 @@ def starving(env, beta: str, sweep_interval: float | None = None, steps: int = 1
     env.setenv("AUTELLIX_BETA", beta)
     run = Run(build_scheduler(AutellixScheduler, max_num_seqs=1))
     if sweep_interval is not None:
-        run.s.planner.sweep_interval = sweep_interval
+        run.s.planner.sweep_interval = run.s.planner.sweep_interval_per_call = sweep_interval
     run.add("long", 8, 60, xargs("L"))
     fresh = 0
     for _ in range(steps):

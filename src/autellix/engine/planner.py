@@ -45,12 +45,17 @@ from autellix.protocol import (
 #: How often the planner sweeps every queued call for anti-starvation promotion
 #: and re-placement. Demotion is checked every planning step (only calls that
 #: ran can use up a quantum); the sweep touches every call, so it runs at most
-#: this often. Promotion thresholds are beta x seconds of service, so 20 ms late
-#: changes nothing, and a step stays O(running calls) (experiments/scheduler_step_time.py).
+#: this often. Promotion thresholds are beta x seconds of service, so a sweep tens
+#: of milliseconds late changes nothing, and a step stays O(running calls)
+#: (experiments/scheduler_step_time.py).
 #: A sweep that falls due while nothing has changed since the last one but time, and
 #: before any call could meet the starvation bound (``MultiLevelQueue.quiet_until``),
 #: is skipped: it would move no call.
 SWEEP_INTERVAL_S = 0.02
+#: ...and, with many calls queued, at most once per this many seconds per queued call: a sweep
+#: costs about 2 us a call on a slow CPU, so sweeps stay within about a tenth of the engine's
+#: time however long the queue (at 4,000 calls, every 80 ms instead of every other step).
+SWEEP_INTERVAL_PER_CALL_S = 20e-6
 
 #: The ``vllm_xargs`` keys the gateway sends and the record published for each
 #: call (``CallRecord``) are the wire contract: ``autellix.protocol``.
@@ -166,6 +171,7 @@ class CallPlanner:
         self._left = 0
         self._last_sweep = -float("inf")
         self.sweep_interval = SWEEP_INTERVAL_S
+        self.sweep_interval_per_call = SWEEP_INTERVAL_PER_CALL_S
         #: Skip sweeps that would move no call (``replan``); off: every due sweep runs.
         self.skip_quiet_sweeps = True
         #: Arrivals and departures: the only times the table, and so a program's view, changes.
@@ -257,7 +263,7 @@ class CallPlanner:
         (``MultiLevelQueue.quiet_until``): it would move nothing. The sweeps still
         fall due at the same times, so every decision is the same as sweeping."""
         queue = self.queue
-        sweep = now - self._last_sweep >= self.sweep_interval
+        sweep = now - self._last_sweep >= max(self.sweep_interval, len(queue) * self.sweep_interval_per_call)
         if sweep:
             self._last_sweep = now
             changes = (queue.changes, self._table_changes)
