@@ -52,9 +52,9 @@ from autellix.protocol import (
 #: before any call could meet the starvation bound (``MultiLevelQueue.quiet_until``),
 #: is skipped: it would move no call.
 SWEEP_INTERVAL_S = 0.02
-#: ...and, with many calls queued, at most once per this many seconds per queued call: a sweep
-#: costs about 2 us a call on a slow CPU, so sweeps stay within about a tenth of the engine's
-#: time however long the queue (at 4,000 calls, every 80 ms instead of every other step).
+#: With many calls queued, a sweep also waits this many seconds per queued call: it costs about
+#: 2 us a call on a slow CPU, so sweeps stay within about a tenth of the engine's time however
+#: long the queue (at 4,000 calls, every 80 ms instead of every other step).
 SWEEP_INTERVAL_PER_CALL_S = 20e-6
 
 #: The ``vllm_xargs`` keys the gateway sends and the record published for each
