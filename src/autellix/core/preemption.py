@@ -152,9 +152,8 @@ def preemption_victims(ordered: Iterable[QueuedCall], running: Collection[Hashab
     # the rest need a victim each, best-ranked newcomer first.
     needy = newcomers[len(newcomers) - needed:]
     cost = lost_tokens or (lambda _call: 0)
-    # beyond a tenant's quota first, then the worst queue, and within a queue the call that loses least,
-    # then the worst-ranked
-    # (so the candidates a newcomer outranks come first, and a worse-ranked newcomer outranks no more of them)
+    # beyond a tenant's quota first, then the worst queue, and within a queue the call that loses least, then
+    # the worst-ranked: the candidates a newcomer outranks come first, and a worse-ranked newcomer outranks no more
     candidates = sorted(((c, cost(c)) for c in outside), key=lambda cl: (-cl[0].band, -cl[0].level, cl[1]))
     victims: list[QueuedCall] = []
     spent = 0
